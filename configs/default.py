@@ -1,0 +1,59 @@
+"""Embedded default: GRPO with a replay buffer on reasoning-gym chain_sum, CPU-sized.
+
+The paper's knobs (Arnal et al. 2026, §4): buffer capacity N = ``buffer.capacity``,
+rollouts generated per learner step R = ``rollout.per_step``, batch size
+B = ``train.batch_size``, group size G = ``rollout.group_size``. On-policy training
+is N = R = B (see ``configs/onpolicy.py``).
+"""
+
+from ml_collections import config_dict
+
+
+def get_config():
+  c = config_dict.ConfigDict()
+  c.seed = 0
+  c.workdir = "runs/default"
+
+  c.task = config_dict.ConfigDict(dict(
+      source="reasoning_gym",  # or "jsonl"
+      name="chain_sum",
+      seed=1234,
+      train_size=20000,
+      heldout_size=600,
+      kwargs=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2),
+      prompt_template="{expression} =",  # the instruction is constant; "{question}" keeps it
+      train_path="",
+      heldout_path="",
+      prompt_width=16,  # P, tokens (incl. <bos>); longer prompts: data.on_too_long
+      on_too_long="truncate_left",
+  ))
+
+  c.model = config_dict.ConfigDict(dict(
+      vocab_size=300, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32,
+      d_ff=384, rope_theta=10_000.0, tie_embeddings=True,
+  ))
+
+  # Supervised warm start on deliberately noisy labels: the base policy puts real mass
+  # on wrong answers, which the verifiable reward then corrects.
+  c.warmstart = config_dict.ConfigDict(dict(
+      steps=600, batch_size=128, lr=2e-3, warmup_steps=50, label_noise=0.3,
+      cache_dir="runs/base_policies",
+  ))
+
+  c.sampler = config_dict.ConfigDict(dict(max_new_tokens=6, temperature=1.0))
+
+  c.rollout = config_dict.ConfigDict(dict(per_step=64, group_size=8))  # R, G
+  c.buffer = config_dict.ConfigDict(dict(capacity=256, sampler="uniform"))  # N
+  c.train = config_dict.ConfigDict(dict(steps=150, batch_size=128))  # B
+
+  c.algo = config_dict.ConfigDict(dict(
+      advantage="grpo", loss="ppo_clip", eps_low=0.2, eps_high=0.2,
+      aggregation="token_mean", horizon=0, delta_v=-0.1,
+      lr=3e-4, warmup_steps=10, max_grad_norm=1.0, weight_decay=0.0,
+      max_consecutive_skips=10,
+  ))
+
+  c.eval = config_dict.ConfigDict(dict(every=25, num_examples=512, samples_per_example=2))
+  c.checkpoint = config_dict.ConfigDict(dict(every=50, max_to_keep=2))
+  c.log = config_dict.ConfigDict(dict(progress=True, tensorboard=True))
+  return c

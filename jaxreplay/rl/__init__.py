@@ -1,0 +1,1 @@
+"""Advantage estimators, off-policy policy-gradient losses and the jitted train step."""

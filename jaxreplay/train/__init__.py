@@ -1,0 +1,1 @@
+"""The training loop, warm start, evaluation, checkpointing and metrics."""

@@ -1,0 +1,123 @@
+"""Supervised warm start of the base policy, cached on disk with Orbax.
+
+The base policy is trained by next-token cross-entropy on the completions of the
+train split, with a fraction ``label_noise`` of answers replaced by near misses, so
+that it starts with real probability on wrong answers — the situation RL with a
+verifiable reward is for. The result is saved under a directory keyed by a hash of
+everything that determines it, and reused by later runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from jaxreplay.models import Transformer, TransformerConfig
+from jaxreplay.models.tokenizer import encode_answers
+from jaxreplay.rl.update import make_optimizer, token_logprobs
+
+
+def noisy_answers(answers, noise: float, seed: int) -> list[str]:
+  """Replaces a fraction ``noise`` of integer answers by a near miss (±1, ±2 or ±10).
+
+  Non-integer answers are kept. Deterministic in ``seed``.
+  """
+  rng = np.random.default_rng(seed)
+  out = []
+  for a in answers:
+    if rng.random() < noise:
+      try:
+        a = str(int(a) + int(rng.choice([-10, -2, -1, 1, 2, 10])))
+      except ValueError:
+        pass
+    out.append(a)
+  return out
+
+
+def base_policy_key(cfg) -> str:
+  """Hash of the config fields that determine the base policy (and its tokenizer)."""
+  blob = json.dumps({"task": cfg.task.to_dict(), "model": cfg.model.to_dict(),
+                     "warmstart": {k: v for k, v in cfg.warmstart.to_dict().items()
+                                   if k != "cache_dir"},
+                     "max_new_tokens": cfg.sampler.max_new_tokens, "seed": cfg.seed},
+                    sort_keys=True, default=str)
+  return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def sft_batches(io, examples, answers, batch_size: int, max_new_tokens: int, seed: int):
+  """Endless (tokens [B, T], attention_mask [B, T], completion_mask [B, T]) numpy batches."""
+  rng = np.random.default_rng(seed)
+  n = len(examples)
+  while True:
+    idx = rng.integers(0, n, batch_size)
+    p, pm, _ = io.prompts([examples[i] for i in idx])
+    a, am = encode_answers(io.tok, [answers[i] for i in idx], max_new_tokens)
+    yield (np.concatenate([p, a], 1), np.concatenate([pm, am], 1),
+           np.concatenate([np.zeros_like(pm), am], 1))
+
+
+def train_base_policy(cfg, io, task, log=print):
+  """Trains the base policy by supervised learning; returns (graphdef, params, info)."""
+  mcfg = TransformerConfig(**cfg.model.to_dict())
+  model = Transformer(mcfg, nnx.Rngs(cfg.seed))
+  graphdef, params = nnx.split(model, nnx.Param)
+  ws = cfg.warmstart
+  opt = make_optimizer(ws.lr, ws.warmup_steps, 1.0)
+  opt = optax.chain(opt, optax.scale_by_schedule(
+      optax.cosine_decay_schedule(1.0, max(ws.steps, 1), alpha=0.1)))
+  opt_state = opt.init(params)
+
+  @jax.jit
+  def step(params, opt_state, tokens, attn, comp):
+    def loss_fn(p):
+      logp, _ = token_logprobs(graphdef, p, tokens, attn)
+      return -(logp * comp).sum() / jnp.maximum(comp.sum(), 1)
+    loss, g = jax.value_and_grad(loss_fn)(params)
+    upd, opt_state = opt.update(g, opt_state, params)
+    return optax.apply_updates(params, upd), opt_state, loss
+
+  answers = noisy_answers([e.answer for e in task.train], ws.label_noise, cfg.seed)
+  batches = sft_batches(io, task.train, answers, ws.batch_size, cfg.sampler.max_new_tokens,
+                        cfg.seed)
+  t0 = time.time()
+  loss = float("nan")
+  for i in range(ws.steps):
+    params, opt_state, loss = step(params, opt_state, *next(batches))
+    if (i + 1) % max(ws.steps // 5, 1) == 0:
+      log(f"warm start {i + 1}/{ws.steps}: loss {float(loss):.3f} ({time.time() - t0:.0f}s)")
+  return graphdef, params, {"sft_loss": float(loss), "sft_seconds": time.time() - t0}
+
+
+def load_or_train_base_policy(cfg, io, task, log=print):
+  """The cached base policy for ``cfg`` (Orbax), trained and saved on first use.
+
+  Returns:
+    (graphdef, params, info dict with ``path`` and ``cached``).
+  """
+  path = os.path.abspath(os.path.join(cfg.warmstart.cache_dir, base_policy_key(cfg)))
+  mcfg = TransformerConfig(**cfg.model.to_dict())
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, nnx.Rngs(0))), nnx.Param)
+  ckptr = ocp.StandardCheckpointer()
+  if os.path.exists(os.path.join(path, "params")):
+    params = ckptr.restore(os.path.join(path, "params"), abstract)
+    with open(os.path.join(path, "info.json")) as f:
+      info = json.load(f)
+    log(f"loaded base policy from {path}")
+    return graphdef, params, dict(info, path=path, cached=True)
+  graphdef, params, info = train_base_policy(cfg, io, task, log)
+  os.makedirs(path, exist_ok=True)
+  ckptr.save(os.path.join(path, "params"), params)
+  ckptr.wait_until_finished()
+  with open(os.path.join(path, "info.json"), "w") as f:
+    json.dump(info, f)
+  log(f"saved base policy to {path}")
+  return graphdef, params, dict(info, path=path, cached=False)
