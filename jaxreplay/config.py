@@ -1,0 +1,77 @@
+"""Validation and derived fields of the config tree, run before any compilation."""
+
+from __future__ import annotations
+
+import difflib
+
+from jaxreplay.replay.buffer import SAMPLERS
+from jaxreplay.rl.advantages import ESTIMATORS
+from jaxreplay.rl.losses import AGGREGATIONS, LOSSES
+
+
+class ConfigError(ValueError):
+  """A config field has an invalid value; the message names field, value and what is allowed."""
+
+
+def _fail(field: str, value, allowed: str):
+  raise ConfigError(f"config.{field}={value!r} is invalid: {allowed}")
+
+
+def _choice(cfg, field: str, choices):
+  node = cfg
+  for part in field.split("."):
+    node = node[part]
+  if node not in choices:
+    near = difflib.get_close_matches(str(node), [str(c) for c in choices], n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    _fail(field, node, f"must be one of {tuple(choices)}{hint}")
+
+
+def derived(cfg) -> dict:
+  """Derived sizes: prompts per step P = R / G, replay ratio B / R, horizon N / R."""
+  r, g = cfg.rollout.per_step, cfg.rollout.group_size
+  return {"prompts_per_step": r // g, "replay_ratio": cfg.train.batch_size / r,
+          "staleness_horizon": cfg.buffer.capacity / r}
+
+
+def validate(cfg) -> None:
+  """Checks every field the run uses; raises ``ConfigError`` naming the first bad one.
+
+  Raises:
+    ConfigError: a value out of range or not among the valid choices.
+  """
+  _choice(cfg, "algo.advantage", ESTIMATORS)
+  _choice(cfg, "algo.loss", LOSSES)
+  _choice(cfg, "algo.aggregation", AGGREGATIONS)
+  _choice(cfg, "buffer.sampler", SAMPLERS)
+  _choice(cfg, "task.source", ("reasoning_gym", "jsonl"))
+  _choice(cfg, "task.on_too_long", ("truncate_left", "skip"))
+  r, g = cfg.rollout.per_step, cfg.rollout.group_size
+  if g < 1:
+    _fail("rollout.group_size", g, "must be >= 1")
+  if g == 1 and cfg.algo.advantage in ("grpo", "rloo", "dr_grpo"):
+    _fail("rollout.group_size", g, f"algo.advantage={cfg.algo.advantage!r} needs groups of >= 2")
+  if r < 1 or r % g:
+    _fail("rollout.per_step", r, f"must be a positive multiple of rollout.group_size={g}")
+  if cfg.train.batch_size < 1:
+    _fail("train.batch_size", cfg.train.batch_size, "must be >= 1")
+  if cfg.buffer.capacity < cfg.train.batch_size:
+    _fail("buffer.capacity", cfg.buffer.capacity,
+          f"must be >= train.batch_size={cfg.train.batch_size}")
+  if cfg.buffer.capacity < r:
+    _fail("buffer.capacity", cfg.buffer.capacity, f"must be >= rollout.per_step={r}")
+  if cfg.sampler.temperature <= 0:
+    _fail("sampler.temperature", cfg.sampler.temperature, "must be > 0 for training rollouts")
+  if cfg.sampler.max_new_tokens < 1:
+    _fail("sampler.max_new_tokens", cfg.sampler.max_new_tokens, "must be >= 1")
+  if cfg.train.steps < 0:
+    _fail("train.steps", cfg.train.steps, "must be >= 0")
+  if cfg.algo.loss == "asymre" and cfg.algo.advantage != "dr_grpo":
+    _fail("algo.advantage", cfg.algo.advantage,
+          "algo.loss='asymre' uses the group-mean baseline: set algo.advantage='dr_grpo'")
+  for f in ("algo.lr", "algo.eps_low", "algo.eps_high", "algo.max_grad_norm"):
+    sec, name = f.split(".")
+    if cfg[sec][name] <= 0:
+      _fail(f, cfg[sec][name], "must be > 0")
+  if cfg.eval.every < 0 or cfg.checkpoint.every < 0:
+    _fail("eval.every / checkpoint.every", (cfg.eval.every, cfg.checkpoint.every), "must be >= 0")

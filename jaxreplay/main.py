@@ -1,0 +1,30 @@
+"""Entry point: ``python -m jaxreplay.main --config configs/default.py [--config.a.b=v ...]``."""
+
+from __future__ import annotations
+
+from absl import app, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py",
+                                          "Path to a config file with get_config().",
+                                          lock_config=True)
+
+
+def main(argv) -> None:
+  del argv
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
+  from jaxreplay.train.loop import run  # after flag parsing: keeps --help fast
+  s = run(_CONFIG.value)
+  print("\n=== jaxreplay summary ===")
+  print(f"held-out accuracy, sampled at T={_CONFIG.value.sampler.temperature}: "
+        f"{s['acc_sampled_before']:.3f} -> {s['acc_sampled_after']:.3f}")
+  print(f"held-out accuracy, greedy: {s['acc_greedy_before']:.3f} -> {s['acc_greedy_after']:.3f}")
+  print(f"generated tokens: {s['generated_tokens']}  trained tokens: {s['trained_tokens']}  "
+        f"rollouts: {s['generated_rollouts']}")
+  print(f"wall time: {s['wall_seconds'] / 60:.1f} min  "
+        f"(generate {s['generate_s']:.0f}s, train {s['train_s']:.0f}s, eval {s['eval_s']:.0f}s)")
+  print(f"checkpoints: {s['checkpoints']}\nbase policy: {s['base_policy']}")
+
+
+if __name__ == "__main__":
+  app.run(main)

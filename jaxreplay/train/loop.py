@@ -1,0 +1,223 @@
+"""The synchronous replay loop (the paper's theory model, Arnal et al. 2026 §4).
+
+Each learner step t:
+  1. generate R = P·G fresh rollouts with the current policy (version t), score them,
+     compute group advantages, and add them to the FIFO buffer;
+  2. sample B distinct rollouts uniformly from the buffer and take one off-policy
+     update (clipped ratio against the stored behaviour log-probs).
+On-policy training is N = R = B. Read top to bottom: ``run`` is the whole job.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from jaxreplay import config as config_lib
+from jaxreplay import replay
+from jaxreplay.models.tokenizer import load_or_train_tokenizer
+from jaxreplay.rl.advantages import compute_advantages
+from jaxreplay.rl.update import TrainState, make_optimizer, make_train_step
+from jaxreplay.rollout import Rollout, empty_rollout
+from jaxreplay.sampling import generate
+from jaxreplay.tasks import make_task
+from jaxreplay.train import checkpoint as ckpt_lib
+from jaxreplay.train.data import PromptStream
+from jaxreplay.train.evaluate import evaluate
+from jaxreplay.train.metrics import MetricWriter
+from jaxreplay.train.policy import TextIO, score
+from jaxreplay.train.warmstart import base_policy_key, load_or_train_base_policy
+
+
+def make_learner_step(train_step, batch_size: int):
+  """Fuses buffer sampling and the update into one jitted function (state, buffer donated).
+
+  Returns:
+    ``learner_step(state, buffer, key) -> (state, buffer, metrics)``.
+  """
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def learner_step(state: TrainState, buffer: replay.BufferState, key):
+    buffer, s = replay.sample(buffer, key, batch_size, state.step, state.step)
+    weights = jnp.ones((batch_size,), jnp.float32)
+    state, metrics = train_step(state, s.items, weights)
+    stale = s.staleness.astype(jnp.float32)
+    metrics.update(staleness_mean=stale.mean(), staleness_max=stale.max(),
+                   frac_never_used=(s.times_sampled_before == 0).mean(),
+                   trained_tokens=s.items.completion_mask.sum(),
+                   batch_reward=s.items.rewards.mean())
+    return state, buffer, metrics
+
+  return learner_step
+
+
+def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int, log_counts):
+  """Generates, scores and groups R = P·G rollouts with the current policy (host + jit).
+
+  Returns:
+    (Rollout with R rows, host metrics dict).
+  """
+  g = cfg.rollout.group_size
+  p = cfg.rollout.per_step // g
+  examples, skipped = [], 0
+  while len(examples) < p:  # prompts that do not fit are skipped when on_too_long="skip"
+    ex = stream.next(p - len(examples))
+    _, _, keep = io.prompts(ex)
+    examples += [e for e, k in zip(ex, keep) if k]
+    skipped += int((~keep).sum())
+  first_group = stream.position - p
+  toks, mask, _ = io.prompts(examples)
+  toks, mask = np.repeat(toks, g, 0), np.repeat(mask, g, 0)
+  gen = generate(graphdef, params, toks, mask, key, max_new_tokens=cfg.sampler.max_new_tokens,
+                 temperature=cfg.sampler.temperature, eos_ids=io.eos_ids, pad_id=io.pad_id)
+  rep = [e for e in examples for _ in range(g)]
+  rewards, failures = score(task, io.decode(gen.tokens, gen.mask), rep)
+  r_pg = rewards.reshape(p, g)
+  adv = np.asarray(compute_advantages(jnp.asarray(r_pg), cfg.algo.advantage)).reshape(-1)
+  n = p * g
+  zeros = np.zeros_like(mask)
+  rollout = Rollout(
+      tokens=jnp.concatenate([toks, gen.tokens], 1),
+      attention_mask=jnp.concatenate([mask, gen.mask], 1),
+      completion_mask=jnp.concatenate([zeros, gen.mask], 1),
+      behaviour_logprobs=jnp.concatenate([np.zeros(mask.shape, np.float32), gen.logprobs], 1),
+      rewards=jnp.asarray(rewards), advantages=jnp.asarray(adv, jnp.float32),
+      group_id=jnp.asarray(np.repeat(np.arange(first_group, first_group + p), g), jnp.int32),
+      policy_version=jnp.full((n,), version, jnp.int32), truncated=gen.truncated)
+  lengths = np.asarray(gen.length)
+  spread = r_pg.max(1) > r_pg.min(1)
+  log_counts["generated_tokens"] += int(lengths.sum())
+  log_counts["generated_rollouts"] += n
+  log_counts["zero_adv_group_tokens"] += int(lengths.reshape(p, g)[~spread].sum())
+  log_counts["reward_failures"] += failures
+  log_counts["prompts_skipped"] += skipped
+  return rollout, {"reward": float(rewards.mean()), "frac_mixed_groups": float(spread.mean()),
+                   "completion_len": float(lengths.mean()),
+                   "truncated_frac": float(np.asarray(gen.truncated).mean())}
+
+
+def run(cfg, log=print) -> dict:
+  """Runs the whole job described by ``cfg``; resumes from ``cfg.workdir`` if it holds a checkpoint.
+
+  Returns:
+    The summary dict also written to ``RUN_DIR/summary.json``.
+
+  Raises:
+    jaxreplay.config.ConfigError: invalid config (before any compilation).
+    RuntimeError: ``algo.max_consecutive_skips`` non-finite updates in a row.
+  """
+  config_lib.validate(cfg)
+  t_start = time.time()
+  workdir = os.path.abspath(cfg.workdir)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(cfg.to_json_best_effort(indent=2))
+
+  # --- task, tokenizer, base policy ------------------------------------------------------
+  task = make_task(cfg.task)
+  base_dir = os.path.join(cfg.warmstart.cache_dir, base_policy_key(cfg))
+  tok = load_or_train_tokenizer(os.path.join(base_dir, "tokenizer.json"),
+                                [e.prompt + " " + e.answer for e in task.train],
+                                cfg.model.vocab_size)
+  io = TextIO.create(tok, cfg.task.prompt_width, cfg.task.on_too_long)
+  graphdef, params, base_info = load_or_train_base_policy(cfg, io, task, log)
+  heldout = task.heldout[:cfg.eval.num_examples]
+  m = cfg.sampler.max_new_tokens
+  evaluate_fn = functools.partial(evaluate, graphdef, io=io, task=task, examples=heldout,
+                                  max_new_tokens=m, temperature=cfg.sampler.temperature,
+                                  samples_per_example=cfg.eval.samples_per_example)
+
+  # --- learner, buffer, RNG --------------------------------------------------------------
+  optimizer = make_optimizer(cfg.algo.lr, cfg.algo.warmup_steps, cfg.algo.max_grad_norm,
+                             weight_decay=cfg.algo.weight_decay)
+  state = TrainState(params=params, opt_state=optimizer.init(params), step=jnp.int32(0),
+                     skipped=jnp.int32(0))
+  buffer = replay.init(empty_rollout(1, cfg.task.prompt_width + m), cfg.buffer.capacity)
+  train_step = make_train_step(graphdef, optimizer, cfg.algo, cfg.sampler.temperature)
+  learner_step = make_learner_step(train_step, cfg.train.batch_size)
+  root_key = jax.random.key(cfg.seed)
+  counts = dict(generated_tokens=0, generated_rollouts=0, trained_tokens=0, trained_samples=0,
+                zero_adv_group_tokens=0, reward_failures=0, prompts_skipped=0)
+  stream = PromptStream(task.train, seed=cfg.seed)
+  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), cfg.checkpoint.max_to_keep)
+  start, summary0 = 0, None
+  restored = ckpt_lib.restore(manager, {"train": state, "buffer": buffer,
+                                        "rng": jax.random.key_data(root_key)})
+  if restored is not None:
+    tree, meta = restored
+    state, buffer = tree["train"], tree["buffer"]
+    root_key = jax.random.wrap_key_data(tree["rng"])
+    start, counts, stream.position = int(meta["step"]), meta["counts"], meta["data_position"]
+    summary0 = meta["eval_before"]
+    log(f"resumed from {manager.directory} at step {start}")
+
+  eval_key = jax.random.fold_in(root_key, 2**31 - 1)  # disjoint from the per-step keys
+  writer = MetricWriter(workdir, cfg.log.tensorboard)
+  if summary0 is None:
+    summary0 = evaluate_fn(state.params, key=jax.random.fold_in(eval_key, 0))
+    writer.write(0, {f"eval/{k}": v for k, v in summary0.items()})
+    log(f"held-out before RL: greedy {summary0['acc_greedy']:.3f}, "
+        f"sampled {summary0['acc_sampled']:.3f}")
+  last_eval = dict(summary0)
+  consecutive_skips = 0
+  timers = {"generate_s": 0.0, "train_s": 0.0, "eval_s": 0.0}
+  bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps,
+             disable=not cfg.log.progress, dynamic_ncols=True)
+  for step in bar:
+    key_gen, key_sample = jax.random.split(jax.random.fold_in(root_key, step))
+    t0 = time.time()
+    rollout, gen_metrics = generate_rollouts(cfg, io, task, graphdef, state.params, stream,
+                                             key_gen, step, counts)
+    buffer = replay.add(buffer, rollout, rollout.policy_version, jnp.int32(step))
+    t1 = time.time()
+    state, buffer, metrics = learner_step(state, buffer, key_sample)
+    metrics = jax.device_get(metrics)
+    t2 = time.time()
+    timers["generate_s"] += t1 - t0
+    timers["train_s"] += t2 - t1
+    counts["trained_tokens"] += int(metrics.pop("trained_tokens"))
+    counts["trained_samples"] += cfg.train.batch_size
+    consecutive_skips = consecutive_skips + 1 if metrics["skipped_update"] else 0
+    if consecutive_skips >= cfg.algo.max_consecutive_skips:
+      raise RuntimeError(f"{consecutive_skips} consecutive non-finite updates at step {step}; "
+                         "lower algo.lr or check the data")
+    record = {**gen_metrics, **{k: float(v) for k, v in metrics.items()}, **counts,
+              "replay_ratio": counts["trained_samples"] / max(counts["generated_rollouts"], 1),
+              "buffer_size": int(buffer.size), **timers}
+    done = step + 1
+    if cfg.eval.every and (done % cfg.eval.every == 0 or done == cfg.train.steps):
+      te = time.time()
+      last_eval = evaluate_fn(state.params, key=jax.random.fold_in(eval_key, done))
+      timers["eval_s"] += time.time() - te
+      record.update({f"eval/{k}": v for k, v in last_eval.items()})
+    writer.write(done, record)
+    bar.set_postfix(reward=f"{gen_metrics['reward']:.2f}", acc=f"{last_eval['acc_sampled']:.2f}",
+                    refresh=False)
+    if cfg.checkpoint.every and (done % cfg.checkpoint.every == 0 or done == cfg.train.steps):
+      ckpt_lib.save(manager, done, {"train": state, "buffer": buffer,
+                                    "rng": jax.random.key_data(root_key)},
+                    {"step": done, "counts": counts, "data_position": stream.position,
+                     "eval_before": summary0, "config": json.loads(cfg.to_json_best_effort())})
+  bar.close()
+  manager.wait_until_finished()
+  writer.close()
+  final = last_eval if cfg.train.steps > start else summary0
+  summary = {
+      "acc_greedy_before": summary0["acc_greedy"], "acc_sampled_before": summary0["acc_sampled"],
+      "acc_greedy_after": final["acc_greedy"], "acc_sampled_after": final["acc_sampled"],
+      "generated_tokens": counts["generated_tokens"], "trained_tokens": counts["trained_tokens"],
+      "generated_rollouts": counts["generated_rollouts"], "steps": cfg.train.steps,
+      "wall_seconds": time.time() - t_start, "base_policy": base_info["path"],
+      "checkpoints": os.path.join(workdir, "checkpoints"), **timers,
+  }
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  return summary
