@@ -1,5 +1,14 @@
-"""Device-resident FIFO ring buffer of rollouts: pure ``init`` / ``add`` / ``sample``."""
+"""Device-resident FIFO replay buffer of rollouts: pure ``init`` / ``add`` / ``sample``.
 
-from jaxreplay.replay.buffer import BufferState, SampleResult, add, init, sample
+See ``buffer`` (state and functions), ``config`` (``SamplerConfig``), ``samplers`` (pure
+sampling pieces), ``rate_limiter`` (replay-ratio control) and ``stats`` (batch statistics).
+"""
 
-__all__ = ["BufferState", "SampleResult", "add", "init", "sample"]
+from jaxreplay.replay.buffer import (SAMPLERS, BufferState, ReplayBuffer, SampleResult, add,
+                                     can_sample, evict, init, make_replay_buffer, probabilities,
+                                     sample, shard, size, state_sharding)
+from jaxreplay.replay.config import SamplerConfig, from_config
+
+__all__ = ["SAMPLERS", "BufferState", "ReplayBuffer", "SampleResult", "SamplerConfig", "add",
+           "can_sample", "evict", "from_config", "init", "make_replay_buffer", "probabilities",
+           "sample", "shard", "size", "state_sharding"]

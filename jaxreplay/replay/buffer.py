@@ -1,21 +1,41 @@
-"""A FIFO ring buffer over any pytree of arrays with a leading item axis.
+"""A device-resident FIFO ring buffer over any pytree of arrays with a leading item axis.
 
-State is a ``flax.struct.dataclass``; ``init``/``add``/``sample`` are pure and
-jit with the state donated (``add`` writes with ``.at[].set``, which XLA performs in
-place on a donated buffer). The buffer knows nothing of models or losses: items are
-pytrees, and the only fields it reads are the ``policy_version`` it is given.
+State is a ``flax.struct.dataclass``; ``init`` / ``add`` / ``sample`` / ``evict`` are pure
+functions that compose with ``jit`` and ``donate_argnums`` (writes use ``.at[].set``, which
+XLA performs in place on a donated buffer, so no capacity-sized copy is made per call).
+``make_replay_buffer`` bundles them, jitted with the state donated. The buffer knows nothing
+of models or losses: items are pytrees; besides the ``policy_version`` it is given, it reads
+only per-item rewards and advantages (taken from ``items.rewards`` / ``items.advantages`` when
+the items have them, or passed explicitly) for the positive-bias and priority samplers.
+
+Samplers (``SamplerConfig.sampler``; Arnal et al. 2026 §3.1, App. 8.5, 10.4):
+  uniform (default, no duplicates in a batch, O(B) work independent of C when the valid items
+  form one contiguous ring segment), recency, priority, positive_bias, fresh_first, and a
+  group-preserving mode. Each returns with the batch the probabilities it used.
+
+Sharding: every [C, ...] leaf may be sharded along C over a mesh axis (``shard``); the
+functions are written with global indices, so GSPMD partitions them and the results are
+identical to one device (tested).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax import lax
 
-SAMPLERS = ("uniform",)
+from jaxreplay.replay import samplers as S
+from jaxreplay.replay.config import SAMPLERS, SamplerConfig
+
+__all__ = ["SAMPLERS", "BufferState", "SampleResult", "init", "add", "sample", "evict",
+           "probabilities", "can_sample", "size", "shard", "state_sharding", "ReplayBuffer",
+           "make_replay_buffer"]
+
+DEFAULT_CONFIG = SamplerConfig()
 
 
 @flax.struct.dataclass
@@ -26,10 +46,12 @@ class BufferState:
     items: pytree, every leaf [C, ...].
     policy_version: [C] int32, version that generated each item.
     insert_step: [C] int32, learner step at insertion.
-    times_sampled: [C] int32, number of batches the item appeared in.
-    last_sampled_step: [C] int32, step of last use (−1 never).
-    valid: [C] bool, slot holds an item.
-    write_index: int32 scalar, next slot to write.
+    times_sampled: [C] int32, number of draws of the item so far.
+    last_sampled_step: [C] int32, learner step of the last draw (−1 never).
+    reward: [C] float32, the item's reward (correct ⇔ reward >= ``correct_threshold``).
+    advantage: [C] float32, the item's advantage (priority sampler).
+    valid: [C] bool, slot holds a live item.
+    write_index: int32 scalar, next slot to write (the oldest written slot once full).
     size: int32 scalar, number of valid slots.
     total_inserted: int32 scalar, items ever added.
   """
@@ -39,6 +61,8 @@ class BufferState:
   insert_step: jax.Array
   times_sampled: jax.Array
   last_sampled_step: jax.Array
+  reward: jax.Array
+  advantage: jax.Array
   valid: jax.Array
   write_index: jax.Array
   size: jax.Array
@@ -55,106 +79,421 @@ class SampleResult:
   """A sampled batch of B items.
 
   Attributes:
-    items: pytree with leaves [B, ...]. indices: [B] int32 slots.
-    probs: [B] float32, probability of drawing each slot under the sampler (uniform: 1/size).
+    items: pytree with leaves [B, ...].
+    indices: [B] int32 slots.
+    probs: [B] float32, marginal probability that one batch position holds this slot, so it
+      sums to 1 over the valid slots (with replacement: the per-draw probability P(i);
+      uniform without replacement over n items: 1/n).
+    weights: [B] float32 importance weights (N·P(i))^−β / max_j (CASES.md case 13); exactly
+      1.0 for the uniform-family samplers (uniform, positive_bias, fresh_first).
     staleness: [B] int32, current version − generation version (policy versions).
-    times_sampled_before: [B] int32, uses before this batch (0 = never used).
-    steps_since_last_use: [B] int32, −1 for never-used items.
+    times_sampled_before: [B] int32, draws before this batch (0 = never used).
+    steps_since_last_use: [B] int32, learner steps since the previous draw; −1 if never used.
   """
 
   items: Any
   indices: jax.Array
   probs: jax.Array
+  weights: jax.Array
   staleness: jax.Array
   times_sampled_before: jax.Array
   steps_since_last_use: jax.Array
 
 
 def init(example_items: Any, capacity: int) -> BufferState:
-  """An empty buffer shaped like ``example_items`` (leaves [N, ...]; N is ignored).
+  """An empty buffer shaped like ``example_items``.
+
+  Args:
+    example_items: pytree with leaves [N, ...] (N is ignored; dtypes and trailing shapes kept).
+    capacity: C >= 1.
 
   Raises:
     ValueError: ``capacity`` < 1.
   """
-  if capacity < 1:
-    raise ValueError(f"buffer.capacity={capacity} must be >= 1")
-  items = jax.tree.map(lambda x: jnp.zeros((capacity,) + x.shape[1:], x.dtype), example_items)
+  if not isinstance(capacity, int) or capacity < 1:
+    raise ValueError(f"buffer.capacity={capacity!r} is invalid: must be an int >= 1")
+  items = jax.tree.map(lambda x: jnp.zeros((capacity,) + tuple(x.shape[1:]), x.dtype),
+                       example_items)
   zeros = jnp.zeros((capacity,), jnp.int32)
+  fzeros = jnp.zeros((capacity,), jnp.float32)
   return BufferState(items=items, policy_version=zeros, insert_step=zeros, times_sampled=zeros,
-                     last_sampled_step=zeros - 1, valid=jnp.zeros((capacity,), bool),
-                     write_index=jnp.int32(0), size=jnp.int32(0), total_inserted=jnp.int32(0))
+                     last_sampled_step=zeros - 1, reward=fzeros, advantage=fzeros,
+                     valid=jnp.zeros((capacity,), bool), write_index=jnp.int32(0),
+                     size=jnp.int32(0), total_inserted=jnp.int32(0))
 
 
-def add(state: BufferState, items: Any, policy_version: jax.Array, step: jax.Array) -> BufferState:
-  """Writes N items at ``write_index`` modulo C, overwriting the oldest (FIFO).
+def _per_item(values, items, field: str, n: int) -> jax.Array:
+  if values is None:
+    values = items.get(field) if isinstance(items, dict) else getattr(items, field, None)
+  if values is None:
+    return jnp.zeros((n,), jnp.float32)
+  values = jnp.asarray(values, jnp.float32)
+  if values.shape != (n,):
+    raise ValueError(f"{field} has shape {values.shape}; expected ({n},)")
+  return values
 
-  If N > C only the newest C items are kept (in insertion order).
+
+def add(state: BufferState, items: Any, policy_version: jax.Array, step: jax.Array, *,
+        rewards: jax.Array | None = None, advantages: jax.Array | None = None) -> BufferState:
+  """Writes N items at ``write_index`` modulo C, overwriting the oldest slots (FIFO).
+
+  If N > C only the newest C items are kept (in insertion order). Overwriting a slot
+  resets its use counters. Cost O(N) (plus the item bytes); no capacity-sized copy when the
+  state is donated.
 
   Args:
-    state: buffer state. items: pytree, leaves [N, ...] (same structure as the buffer's).
-    policy_version: [N] int32 generating versions. step: int32 scalar learner step.
+    state: buffer state.
+    items: pytree, leaves [N, ...] (same structure, dtypes cast to the buffer's).
+    policy_version: [N] int32 generating versions.
+    step: int32 scalar learner step.
+    rewards: [N] float32 or None (then ``items.rewards`` if present, else 0).
+    advantages: [N] float32 or None (then ``items.advantages`` if present, else 0).
 
   Returns:
     The new state.
+
+  Raises:
+    ValueError: ``policy_version`` / rewards / advantages not of shape [N], or leaves whose
+      leading axis differs from N.
   """
   c = state.capacity
-  n = policy_version.shape[0]
-  if n > c:  # static shapes: keep the newest C
-    items = jax.tree.map(lambda x: x[n - c:], items)
-    policy_version = policy_version[n - c:]
-    start = state.write_index + (n - c)
-    n = c
-  else:
-    start = state.write_index
-  idx = (start + jnp.arange(n)) % c
+  policy_version = jnp.asarray(policy_version)
+  if policy_version.ndim != 1:
+    raise ValueError(f"policy_version has shape {policy_version.shape}; expected [N]")
+  n_in = policy_version.shape[0]
+  for leaf in jax.tree.leaves(items):
+    if leaf.shape[:1] != (n_in,):
+      raise ValueError(f"item leaf of shape {leaf.shape} does not lead with N={n_in}")
+  rewards = _per_item(rewards, items, "rewards", n_in)
+  advantages = _per_item(advantages, items, "advantages", n_in)
+  n = min(n_in, c)
+  keep = lambda x: x[n_in - n:]  # static: keep the newest C
+  items, policy_version, rewards, advantages = jax.tree.map(
+      keep, (items, policy_version, rewards, advantages))
+  start = (state.write_index + (n_in - n)) % c
+  idx = ((start + jnp.arange(n, dtype=jnp.int32)) % c).astype(jnp.int32)
+  overwritten = state.valid[idx].sum(dtype=jnp.int32)
   put = lambda buf, new: buf.at[idx].set(new.astype(buf.dtype))
   return state.replace(
       items=jax.tree.map(put, state.items, items),
-      policy_version=state.policy_version.at[idx].set(policy_version.astype(jnp.int32)),
-      insert_step=state.insert_step.at[idx].set(jnp.int32(step)),
+      policy_version=put(state.policy_version, policy_version),
+      insert_step=state.insert_step.at[idx].set(jnp.asarray(step, jnp.int32)),
       times_sampled=state.times_sampled.at[idx].set(0),
       last_sampled_step=state.last_sampled_step.at[idx].set(-1),
+      reward=put(state.reward, rewards),
+      advantage=put(state.advantage, advantages),
       valid=state.valid.at[idx].set(True),
       write_index=((start + n) % c).astype(jnp.int32),
-      size=jnp.minimum(state.size + n, c).astype(jnp.int32),
-      total_inserted=(state.total_inserted + policy_version.shape[0]).astype(jnp.int32),
+      size=(state.size + n - overwritten).astype(jnp.int32),
+      total_inserted=(state.total_inserted + n_in).astype(jnp.int32),
   )
 
 
-def sample(state: BufferState, key: jax.Array, batch_size: int, current_version: jax.Array,
-           step: jax.Array) -> tuple[BufferState, SampleResult]:
-  """Draws ``batch_size`` distinct valid items uniformly (the paper's sampler, §3.1).
+def evict(state: BufferState, current_version: jax.Array,
+          cfg: SamplerConfig = DEFAULT_CONFIG) -> BufferState:
+  """Drops items beyond ``cfg.max_staleness`` versions or with ``cfg.max_times_sampled`` uses.
 
-  Without replacement inside one batch; items stay in the buffer. Requires
-  ``state.size >= batch_size`` (check with ``can_sample``); otherwise some drawn
-  slots may be invalid and carry probability 0.
+  ``sample`` applies it (age before drawing, use count after), so calling it directly is
+  only needed to inspect or checkpoint an evicted state. O(C) when a rule is on; a no-op
+  (traces to nothing) when neither is.
 
   Args:
-    state: buffer state. key: PRNG key. batch_size: B (static).
-    current_version: int32 scalar, the learner's policy version.
-    step: int32 scalar learner step (recorded as the items' last use).
+    state: buffer state. current_version: int32 scalar policy version. cfg: static config.
 
   Returns:
-    (state with use counts updated, SampleResult).
+    The state with evicted slots invalid and ``size`` reduced.
   """
+  drop = jnp.zeros_like(state.valid)
+  if cfg.max_staleness is not None:
+    drop = drop | (current_version - state.policy_version > cfg.max_staleness)
+  if cfg.max_times_sampled is not None:
+    drop = drop | (state.times_sampled >= cfg.max_times_sampled)
+  if not cfg.evicts:
+    return state
+  drop = drop & state.valid
+  return state.replace(valid=state.valid & ~drop,
+                       size=(state.size - drop.sum(dtype=jnp.int32)).astype(jnp.int32))
+
+
+def _is_contiguous(state: BufferState) -> jax.Array:
+  """bool scalar: the valid slots are exactly the ``size`` slots written last (no holes)."""
+  return state.size == jnp.minimum(state.total_inserted, state.capacity)
+
+
+def _correct(state: BufferState, cfg: SamplerConfig) -> jax.Array:
+  return state.reward >= cfg.correct_threshold
+
+
+def _weights(state: BufferState, current_version: jax.Array, batch_size: int,
+             cfg: SamplerConfig) -> jax.Array:
+  """[C] float32 probabilities of the samplers that are not of the uniform family."""
+  valid = state.valid
+  if cfg.sampler == "recency":
+    if cfg.recency == "exponential":
+      s = (current_version - state.policy_version).astype(jnp.float32)
+      s_min = jnp.min(jnp.where(valid, s, jnp.inf))
+      w = jnp.exp(-(s - s_min) / cfg.recency_temperature)
+    else:
+      rank = S.rank_by_freshness(valid, state.write_index).astype(jnp.float32)
+      w = jnp.exp(rank * jnp.log1p(-cfg.recency_p))
+  elif cfg.sampler == "priority":
+    w = (jnp.abs(state.advantage) + cfg.priority_eps) ** cfg.priority_alpha
+  else:
+    raise AssertionError(cfg.sampler)
+  w = jnp.where(valid, w, 0.0)
+  total = w.sum()
+  uniform = valid.astype(jnp.float32) / jnp.maximum(state.size, 1).astype(jnp.float32)
+  return jnp.where(total > 0, w / jnp.where(total > 0, total, 1.0), uniform)
+
+
+def _eligible(state: BufferState, cfg: SamplerConfig) -> jax.Array:
+  """[C] bool slots a uniform-family sampler may draw (group mode: slots of whole groups)."""
+  if cfg.sampler == "positive_bias":
+    return S.positive_bias_eligible(state.valid, _correct(state, cfg), state.write_index,
+                                    cfg.num_fresh_any, cfg.num_fresh_correct)
+  g = cfg.group_size
+  if g > 1:
+    whole = state.valid.reshape(-1, g).all(axis=1)
+    return jnp.repeat(whole, g)
+  return state.valid
+
+
+def probabilities(state: BufferState, current_version: jax.Array, batch_size: int,
+                  cfg: SamplerConfig = DEFAULT_CONFIG) -> jax.Array:
+  """[C] float32: the probability that one position of a batch holds each slot.
+
+  These are the probabilities ``sample`` draws with (after age eviction): per-draw P(i) for
+  samplers with replacement, inclusion probability / B for those without. They sum to 1 over
+  valid slots (within float32 rounding) and are 0 on empty or evicted slots (CASES.md
+  case 8). O(C); ``sample`` itself does not compute this vector on its fast uniform path.
+
+  Args:
+    state: buffer state. current_version: int32 scalar. batch_size: B (static).
+    cfg: static sampler config.
+  """
+  if cfg.max_staleness is not None:
+    state = evict(state, current_version, SamplerConfig(max_staleness=cfg.max_staleness))
+  if cfg.sampler in ("recency", "priority"):
+    return _weights(state, current_version, batch_size, cfg)
+  if cfg.sampler == "fresh_first":
+    fresh = state.valid & (state.times_sampled == 0)
+    used = state.valid & ~fresh
+    n_f = fresh.sum(dtype=jnp.int32).astype(jnp.float32)
+    n_u = used.sum(dtype=jnp.int32).astype(jnp.float32)
+    b = jnp.float32(batch_size)
+    p_f = jnp.minimum(b, n_f) / jnp.maximum(n_f, 1.0) / b
+    p_u = jnp.maximum(b - n_f, 0.0) / jnp.maximum(n_u, 1.0) / b
+    return jnp.where(fresh, p_f, jnp.where(used, p_u, 0.0))
+  eligible = _eligible(state, cfg)
+  n = eligible.sum(dtype=jnp.int32)
+  return eligible.astype(jnp.float32) / jnp.maximum(n, 1).astype(jnp.float32)
+
+
+def _draw_uniform_family(state: BufferState, key: jax.Array, batch_size: int,
+                         cfg: SamplerConfig) -> tuple[jax.Array, jax.Array]:
+  """([B] int32 slots, [B] float32 probs) for uniform, positive_bias, fresh_first, groups."""
   c = state.capacity
-  p = state.valid.astype(jnp.float32) / jnp.maximum(state.size, 1).astype(jnp.float32)
-  idx = jax.random.choice(key, c, (batch_size,), replace=False, p=p).astype(jnp.int32)
+  if cfg.sampler == "fresh_first":
+    fresh = state.valid & (state.times_sampled == 0)
+    used = state.valid & ~fresh
+    n_f = fresh.sum(dtype=jnp.int32)
+    n_u = used.sum(dtype=jnp.int32)
+    k_f, k_u = jax.random.split(key)
+    slot_f = S.select_ranked(fresh, S.distinct_ranks(k_f, n_f, batch_size))
+    slot_u = S.select_ranked(used, S.distinct_ranks(k_u, n_u, batch_size))
+    b = jnp.arange(batch_size, dtype=jnp.int32)
+    idx = jnp.where(b < n_f, slot_f, slot_u[jnp.clip(b - n_f, 0, batch_size - 1)])
+    bf = jnp.float32(batch_size)
+    nf, nu = n_f.astype(jnp.float32), n_u.astype(jnp.float32)
+    p_f = jnp.minimum(bf, nf) / jnp.maximum(nf, 1.0) / bf
+    p_u = jnp.maximum(bf - nf, 0.0) / jnp.maximum(nu, 1.0) / bf
+    return idx, jnp.where(fresh[idx], p_f, p_u)
+
+  g = cfg.group_size
+  k = batch_size // g
+  draw = ((lambda key, n: jax.random.randint(key, (k,), 0, jnp.maximum(n, 1), jnp.int32))
+          if cfg.replace else (lambda key, n: S.distinct_ranks(key, n, k)))
+
+  def masked(key):
+    eligible = _eligible(state, cfg)
+    if g > 1:
+      eligible_blocks = eligible.reshape(-1, g)[:, 0]
+      n_blocks = eligible_blocks.sum(dtype=jnp.int32)
+      blocks = S.select_ranked(eligible_blocks, draw(key, n_blocks))
+      idx = (blocks[:, None] * g + jnp.arange(g, dtype=jnp.int32)).reshape(-1)
+      return idx, n_blocks * g
+    n = eligible.sum(dtype=jnp.int32)
+    return S.select_ranked(eligible, draw(key, n)), n
+
+  def contiguous(key):  # O(B): the valid slots are the last `size` written, no holes
+    rank = draw(key, state.size)
+    return ((state.write_index - state.size + rank) % c).astype(jnp.int32), state.size
+
+  if cfg.sampler == "uniform" and g == 1:
+    idx, n = lax.cond(_is_contiguous(state), contiguous, masked, key)
+  else:
+    idx, n = masked(key)
+  probs = jnp.full((batch_size,), 1.0, jnp.float32) / jnp.maximum(n, 1).astype(jnp.float32)
+  return idx, probs
+
+
+def sample(state: BufferState, key: jax.Array, batch_size: int, current_version: jax.Array,
+           step: jax.Array, cfg: SamplerConfig = DEFAULT_CONFIG
+           ) -> tuple[BufferState, SampleResult]:
+  """Draws a batch of B items with the configured sampler; items stay in the buffer.
+
+  Order of operations: evict by age (``cfg.max_staleness``), draw, update use counters
+  (``times_sampled`` += 1 per draw, ``last_sampled_step`` = ``step``), evict by use count
+  (``cfg.max_times_sampled``). Requires ``can_sample`` (enough eligible items); otherwise the
+  batch may repeat items or, on an empty buffer, hold slot 0 with probability 0.
+
+  Cost: uniform without holes is O(B log B) work independent of C (``distinct_ranks``);
+  the other samplers, group mode and any eviction rule add O(C) elementwise work.
+
+  Args:
+    state: buffer state.
+    key: PRNG key.
+    batch_size: B (static).
+    current_version: int32 scalar, the learner's policy version (staleness = this − item's).
+    step: int32 scalar learner step (recorded as the items' last use).
+    cfg: static ``SamplerConfig`` (default: the paper's uniform sampler, no duplicates).
+
+  Returns:
+    (new state, ``SampleResult``).
+  """
+  current_version = jnp.asarray(current_version, jnp.int32)
+  step = jnp.asarray(step, jnp.int32)
+  if cfg.max_staleness is not None:
+    state = evict(state, current_version, SamplerConfig(max_staleness=cfg.max_staleness))
+  if cfg.sampler in ("recency", "priority"):
+    p_c = _weights(state, current_version, batch_size, cfg)
+    cums = jnp.cumsum(p_c)
+    u = jax.random.uniform(key, (batch_size,), jnp.float32) * cums[-1]
+    idx = S.prefix_search(cums, u)
+    probs = p_c[idx]
+    beta = cfg.priority_beta if cfg.sampler == "priority" else cfg.recency_beta
+    min_p = jnp.min(jnp.where(state.valid & (p_c > 0), p_c, jnp.inf))  # least likely drawable
+    weights = S.importance_weights(probs, beta, min_p)
+  else:
+    idx, probs = _draw_uniform_family(state, key, batch_size, cfg)
+    weights = jnp.ones((batch_size,), jnp.float32)
   before = state.times_sampled[idx]
   last = state.last_sampled_step[idx]
   result = SampleResult(
       items=jax.tree.map(lambda x: x[idx], state.items),
       indices=idx,
-      probs=p[idx],
+      probs=probs,
+      weights=weights,
       staleness=(current_version - state.policy_version[idx]).astype(jnp.int32),
       times_sampled_before=before,
       steps_since_last_use=jnp.where(last < 0, -1, step - last).astype(jnp.int32),
   )
   state = state.replace(times_sampled=state.times_sampled.at[idx].add(1),
-                        last_sampled_step=state.last_sampled_step.at[idx].set(jnp.int32(step)))
+                        last_sampled_step=state.last_sampled_step.at[idx].set(step))
+  if cfg.max_times_sampled is not None:
+    state = evict(state, current_version, SamplerConfig(max_times_sampled=cfg.max_times_sampled))
   return state, result
 
 
-def can_sample(state: BufferState, batch_size: int) -> jax.Array:
-  """bool scalar: at least ``batch_size`` valid items."""
-  return state.size >= batch_size
+def can_sample(state: BufferState, batch_size: int, cfg: SamplerConfig = DEFAULT_CONFIG,
+               current_version: jax.Array | None = None) -> jax.Array:
+  """bool scalar: ``sample`` can draw B items as configured.
+
+  Plain ``size >= B`` for the default sampler; for positive_bias and group mode it counts the
+  eligible items (O(C)), and with ``max_staleness`` it needs ``current_version``.
+
+  Args:
+    state: buffer state. batch_size: B (static). cfg: static config.
+    current_version: int32 scalar, required when ``cfg.max_staleness`` is set.
+
+  Raises:
+    ValueError: ``cfg.max_staleness`` set and ``current_version`` is None.
+  """
+  if cfg.max_staleness is not None:
+    if current_version is None:
+      raise ValueError("can_sample needs current_version when buffer.max_staleness is set")
+    state = evict(state, current_version, SamplerConfig(max_staleness=cfg.max_staleness))
+  if cfg.sampler == "positive_bias" or cfg.group_size > 1:
+    n = _eligible(state, cfg).sum(dtype=jnp.int32)
+  else:
+    n = state.size
+  if cfg.replace:
+    return n >= 1
+  return n >= batch_size
+
+
+def size(state: BufferState) -> jax.Array:
+  """int32 scalar: number of valid items."""
+  return state.size
+
+
+def state_sharding(state: BufferState, mesh: jax.sharding.Mesh, axis: str = "data") -> Any:
+  """A pytree of ``NamedSharding`` for ``state``: [C, ...] leaves split on C, scalars replicated.
+
+  Use for ``jax.device_put``, ``jit(out_shardings=...)`` or an Orbax restore target.
+
+  Raises:
+    ValueError: C not divisible by the size of mesh axis ``axis``.
+  """
+  c, n_shards = state.capacity, mesh.shape[axis]
+  if c % n_shards:
+    raise ValueError(f"buffer.capacity={c} is invalid: must be divisible by mesh axis "
+                     f"{axis!r} of size {n_shards}")
+  P = jax.sharding.PartitionSpec
+  split = jax.sharding.NamedSharding(mesh, P(axis))
+  rep = jax.sharding.NamedSharding(mesh, P())
+  return jax.tree.map(lambda x: split if x.ndim >= 1 and x.shape[0] == c else rep, state)
+
+
+def shard(state: BufferState, mesh: jax.sharding.Mesh, axis: str = "data") -> BufferState:
+  """``state`` placed with ``state_sharding`` (capacity axis split over ``axis``)."""
+  return jax.device_put(state, state_sharding(state, mesh, axis))
+
+
+class ReplayBuffer(NamedTuple):
+  """Jitted, state-donating buffer functions for one capacity, batch size and config.
+
+  Attributes:
+    init: ``(example_items) -> BufferState``.
+    add: ``(state, items, policy_version, step, rewards=None, advantages=None) -> state``,
+      jitted, state donated.
+    sample: ``(state, key, current_version, step) -> (state, SampleResult)``, jitted,
+      state donated.
+    can_sample: ``(state, current_version=None) -> bool scalar``.
+    probabilities: ``(state, current_version) -> [C] float32``, jitted.
+    cfg: the ``SamplerConfig``.
+  """
+
+  init: Callable[..., BufferState]
+  add: Callable[..., BufferState]
+  sample: Callable[..., tuple[BufferState, SampleResult]]
+  can_sample: Callable[..., jax.Array]
+  probabilities: Callable[..., jax.Array]
+  cfg: SamplerConfig
+
+
+def make_replay_buffer(capacity: int, batch_size: int,
+                       cfg: SamplerConfig = DEFAULT_CONFIG) -> ReplayBuffer:
+  """Validates the sizes against ``cfg`` and returns the jitted bundle (flashbax style).
+
+  Args:
+    capacity: C >= 1. batch_size: B >= 1. cfg: ``SamplerConfig``.
+
+  Raises:
+    ValueError: a size or config field out of range (message names field and value).
+  """
+  if not isinstance(capacity, int) or capacity < 1:
+    raise ValueError(f"buffer.capacity={capacity!r} is invalid: must be an int >= 1")
+  cfg.validate_for(capacity, batch_size)
+  add_fn = jax.jit(add, donate_argnums=0)
+  sample_fn = jax.jit(functools.partial(sample, batch_size=batch_size, cfg=cfg),
+                      donate_argnums=0)
+  return ReplayBuffer(
+      init=functools.partial(init, capacity=capacity),
+      add=add_fn,
+      sample=lambda state, key, current_version, step: sample_fn(
+          state, key, current_version=current_version, step=step),
+      can_sample=functools.partial(can_sample, batch_size=batch_size, cfg=cfg),
+      probabilities=jax.jit(functools.partial(probabilities, batch_size=batch_size, cfg=cfg)),
+      cfg=cfg,
+  )
