@@ -1,21 +1,45 @@
 """A Llama/Qwen-style decoder in Flax NNX: RMSNorm, RoPE, GQA attention, SwiGLU.
 
+One implementation covers the Llama 3, Qwen2/Qwen2.5 and Qwen3 families (see
+``jaxreplay.models.hf`` for building it from a checkpoint's ``config.json``):
+grouped-query attention, RoPE with the families' scaling options (``linear``,
+``llama3``, ``yarn``), optional q/k/v (and o, MLP) biases (Qwen2), optional per-head
+QK RMSNorm (Qwen3), tied or untied embeddings.
+
 The KV cache is passed in and returned explicitly (a pytree, not module state), so
 prefill and every decode step are pure functions that ``jit`` and ``lax`` loops
-handle without graph bookkeeping.
+handle without graph bookkeeping. The cache update is one ``dynamic_update_slice``
+into the whole ``[L, B, S, K, E]`` buffer per layer, which XLA performs in place
+inside a ``while_loop``.
 
 Shape letters: B batch, T query length, S key/cache length, D model width,
-H query heads, K key/value heads, E head dim, V vocabulary, F MLP width.
+H query heads, K key/value heads, G = H/K, E head dim, V vocabulary, F MLP width,
+L layers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+from typing import Any, Mapping
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def _freeze(d: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...] | None:
+  """A mapping as a sorted tuple of items (hashable, so it can live in a static config)."""
+  if d is None:
+    return None
+  if isinstance(d, tuple):
+    return d
+  return tuple(sorted((str(k), v) for k, v in dict(d).items()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,10 +48,29 @@ class TransformerConfig:
 
   Attributes:
     vocab_size: V. d_model: D. n_layers: number of blocks. n_heads: H.
-    n_kv_heads: K (divides H; K < H is grouped-query attention). head_dim: E.
-    d_ff: F, SwiGLU hidden width. rope_theta: RoPE base. norm_eps: RMSNorm epsilon.
+    n_kv_heads: K (divides H; K < H is grouped-query attention). head_dim: E
+      (need not equal D / H, e.g. Qwen3). d_ff: F, SwiGLU hidden width.
+    rope_theta: RoPE base. norm_eps: RMSNorm epsilon.
     tie_embeddings: reuse the embedding matrix as the output projection.
-    dtype: activation dtype; parameters are float32.
+    dtype: activation dtype (``"float32"`` or ``"bfloat16"``).
+    param_dtype: parameter dtype (default ``"float32"``).
+    qkv_bias: biases on the q/k/v projections (Qwen2/Qwen2.5: True).
+    o_bias: bias on the output projection (Llama ``attention_bias``).
+    mlp_bias: biases on the SwiGLU projections (Llama ``mlp_bias``).
+    qk_norm: RMSNorm over each head's E features of q and k before RoPE (Qwen3).
+    rope_scaling: None, or a mapping (stored as a sorted item tuple) in the Hugging Face
+      ``rope_scaling``/``rope_parameters`` format with ``rope_type`` one of
+      ``ROPE_TYPES`` and that type's keys (``factor``, ``low_freq_factor``,
+      ``high_freq_factor``, ``original_max_position_embeddings``, ``beta_fast``, ...).
+    max_position_embeddings: the checkpoint's context length (used by ``yarn`` when
+      ``original_max_position_embeddings`` is absent); 0 if unknown.
+    scale_tied_logits: multiply tied-embedding logits by D**-0.5. True keeps the
+      behaviour of jaxreplay's small default policy (an N(0, 1) embedding); models
+      loaded from Hugging Face set False, the exact HF computation.
+
+  Raises (in ``__post_init__``):
+    ValueError: n_heads not a multiple of n_kv_heads, odd head_dim, unknown rope type,
+      unknown dtype.
   """
 
   vocab_size: int
@@ -41,6 +84,108 @@ class TransformerConfig:
   norm_eps: float = 1e-6
   tie_embeddings: bool = True
   dtype: str = "float32"
+  param_dtype: str = "float32"
+  qkv_bias: bool = False
+  o_bias: bool = False
+  mlp_bias: bool = False
+  qk_norm: bool = False
+  rope_scaling: Any = None
+  max_position_embeddings: int = 0
+  scale_tied_logits: bool = True
+
+  def __post_init__(self):
+    object.__setattr__(self, "rope_scaling", _freeze(self.rope_scaling))
+    if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+      raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of "
+                       f"model.n_kv_heads={self.n_kv_heads}")
+    if self.head_dim % 2:
+      raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"model.{name}={getattr(self, name)!r}; valid: float32, bfloat16, float16")
+    if self.rope_scaling is not None:
+      kind = self.rope_type
+      if kind not in ROPE_TYPES:
+        raise ValueError(f"model.rope_scaling rope_type={kind!r} is not supported; "
+                         f"valid: {ROPE_TYPES} (dynamic NTK and longrope are not implemented)")
+
+  @property
+  def rope_type(self) -> str:
+    """The RoPE scaling kind: ``"default"`` when ``rope_scaling`` is None."""
+    if self.rope_scaling is None:
+      return "default"
+    d = dict(self.rope_scaling)
+    return d.get("rope_type", d.get("type", "default"))
+
+
+@functools.lru_cache(maxsize=64)
+def rope_frequencies(cfg: TransformerConfig) -> tuple[np.ndarray, float]:
+  """Inverse frequencies and the cos/sin scale of RoPE under the configured scaling.
+
+  Follows Hugging Face ``modeling_rope_utils`` (default, linear, llama3 — Meta's
+  Llama 3.1 recipe — and yarn, Peng et al. 2023 "YaRN"), computed in float32 as there.
+
+  Args:
+    cfg: the model config (``head_dim``, ``rope_theta``, ``rope_scaling``).
+
+  Returns:
+    (inv_freq [E/2] float32 in radians per position, attention_scaling float that
+     multiplies cos and sin).
+
+  Raises:
+    KeyError: a scaling type's required key (e.g. ``factor``) is missing.
+  """
+  dim = cfg.head_dim
+  base = cfg.rope_theta
+  inv_freq = (1.0 / (base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+              ).astype(np.float32)
+  kind = cfg.rope_type
+  sc = dict(cfg.rope_scaling or ())
+  if kind == "default":
+    return inv_freq, 1.0
+  if kind == "linear":
+    return (inv_freq / np.float32(sc["factor"])).astype(np.float32), 1.0
+  if kind == "llama3":
+    factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+    old = sc["original_max_position_embeddings"]
+    lo_wavelen, hi_wavelen = old / lo, old / hi
+    wavelen = (2 * math.pi / inv_freq).astype(np.float32)
+    f = np.where(wavelen > lo_wavelen, inv_freq / factor, inv_freq).astype(np.float32)
+    smooth = ((old / wavelen - lo) / (hi - lo)).astype(np.float32)
+    smoothed = ((1 - smooth) * f / factor + smooth * f).astype(np.float32)
+    medium = ~(wavelen < hi_wavelen) & ~(wavelen > lo_wavelen)
+    return np.where(medium, smoothed, f).astype(np.float32), 1.0
+  # yarn
+  orig = sc.get("original_max_position_embeddings") or cfg.max_position_embeddings
+  if not orig:
+    raise KeyError("rope_scaling yarn needs original_max_position_embeddings "
+                   "(or model.max_position_embeddings)")
+  factor = sc.get("factor") or cfg.max_position_embeddings / orig
+  mscale, mscale_all = sc.get("mscale"), sc.get("mscale_all_dim")
+
+  def get_mscale(scale, m=1.0):
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+  attn = sc.get("attention_factor")
+  if attn is None:
+    attn = (get_mscale(factor, mscale) / get_mscale(factor, mscale_all)
+            if mscale and mscale_all else get_mscale(factor))
+  beta_fast, beta_slow = sc.get("beta_fast") or 32, sc.get("beta_slow") or 1
+
+  def corr_dim(rot):
+    return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+  low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+  if sc.get("truncate", True):
+    low, high = math.floor(low), math.ceil(high)
+  low, high = max(low, 0), min(high, dim - 1)
+  if low == high:
+    high += 0.001
+  ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+  extra = (1 - ramp).astype(np.float32)
+  pos_freqs = (base ** (np.arange(0, dim, 2).astype(np.float32) / dim)).astype(np.float32)
+  inv_ex, inv_in = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+  return (inv_in * (1 - extra) + inv_ex * extra).astype(np.float32), float(attn)
 
 
 @flax.struct.dataclass
@@ -53,7 +198,7 @@ class KVCache:
 
 
 def init_cache(cfg: TransformerConfig, batch: int, length: int) -> KVCache:
-  """An empty cache for ``batch`` rows and ``length`` slots (all invalid)."""
+  """An empty cache for ``batch`` rows and ``length`` slots (all invalid), dtype ``cfg.dtype``."""
   shape = (cfg.n_layers, batch, length, cfg.n_kv_heads, cfg.head_dim)
   return KVCache(k=jnp.zeros(shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype),
                  valid=jnp.zeros((batch, length), bool))
@@ -74,98 +219,106 @@ def positions_from_mask(mask: jax.Array) -> jax.Array:
   return jnp.where(mask, pos, 0).astype(jnp.int32)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rope(x: jax.Array, positions: jax.Array, theta: float | TransformerConfig) -> jax.Array:
   """Rotary embedding (Su et al. 2021, RoFormer eq. 34), half-split layout as in Llama/Qwen HF.
 
   Args:
     x: [B, T, N, E] queries or keys.
     positions: [B, T] int positions.
-    theta: base frequency.
+    theta: the base frequency (plain RoPE), or a ``TransformerConfig`` whose
+      ``rope_frequencies`` (scaling included) are used.
 
   Returns:
     [B, T, N, E], same dtype as ``x``.
   """
   e = x.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))  # [E/2]
+  if isinstance(theta, TransformerConfig):
+    inv_np, scale = rope_frequencies(theta)
+    inv_freq = jnp.asarray(inv_np)
+  else:
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))  # [E/2]
+    scale = 1.0
   ang = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, E/2]
   cos = jnp.cos(ang)[:, :, None, :]
   sin = jnp.sin(ang)[:, :, None, :]
+  if scale != 1.0:
+    cos, sin = cos * scale, sin * scale
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
 
 
 class RMSNorm(nnx.Module):
-  """RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x²) + eps) · scale."""
+  """RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x²) + eps) · scale, statistics in float32.
 
-  def __init__(self, dim: int, eps: float):
-    self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
+  The scale multiplies after the cast back to the input dtype, as in Hugging Face
+  ``LlamaRMSNorm``/``Qwen2RMSNorm``.
+  """
+
+  def __init__(self, dim: int, eps: float, param_dtype: str = "float32"):
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
     self.eps = eps
 
   def __call__(self, x: jax.Array) -> jax.Array:
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-    return (y * self.scale[...]).astype(x.dtype)
+    return y.astype(x.dtype) * self.scale[...].astype(x.dtype)
+
+
+def _linear(cfg: TransformerConfig, din: int, dout: int, bias: bool, std: float, rngs: nnx.Rngs):
+  return nnx.Linear(din, dout, use_bias=bias, kernel_init=nnx.initializers.normal(std),
+                    dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
 
 
 class Attention(nnx.Module):
-  """Causal multi-head attention with GQA, RoPE and an explicit KV cache."""
+  """Causal multi-head attention with GQA, RoPE, optional QK-norm and biases."""
 
   def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
-    init = nnx.initializers.normal(cfg.d_model ** -0.5)
     d, h, k, e = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    self.q = nnx.Linear(d, h * e, use_bias=False, kernel_init=init, rngs=rngs)
-    self.k = nnx.Linear(d, k * e, use_bias=False, kernel_init=init, rngs=rngs)
-    self.v = nnx.Linear(d, k * e, use_bias=False, kernel_init=init, rngs=rngs)
-    self.o = nnx.Linear(h * e, d, use_bias=False,
-                        kernel_init=nnx.initializers.normal((h * e) ** -0.5 / (2 * cfg.n_layers) ** 0.5),
-                        rngs=rngs)
+    std = cfg.d_model ** -0.5
+    self.q = _linear(cfg, d, h * e, cfg.qkv_bias, std, rngs)
+    self.k = _linear(cfg, d, k * e, cfg.qkv_bias, std, rngs)
+    self.v = _linear(cfg, d, k * e, cfg.qkv_bias, std, rngs)
+    self.o = _linear(cfg, h * e, d, cfg.o_bias, (h * e) ** -0.5 / (2 * cfg.n_layers) ** 0.5, rngs)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(e, cfg.norm_eps, cfg.param_dtype)
+      self.k_norm = RMSNorm(e, cfg.norm_eps, cfg.param_dtype)
     self.cfg = cfg
 
-  def __call__(self, x, positions, mask, cache_kv=None, cache_index=None):
-    """Attends queries ``x`` over their own keys or over the cache.
-
-    Args:
-      x: [B, T, D]. positions: [B, T] int32.
-      mask: [B, T, S] bool, True where query t may attend key s.
-      cache_kv: optional (k, v) each [B, S, K, E]; the new keys go to slots
-        ``cache_index .. cache_index+T-1`` and attention runs over all S slots.
-      cache_index: int32 scalar, first slot to write.
-
-    Returns:
-      (y [B, T, D], updated (k, v) or None).
-    """
+  def project(self, x: jax.Array, positions: jax.Array):
+    """q [B, T, H, E], k and v [B, T, K, E] for inputs x [B, T, D] (RoPE applied to q, k)."""
     b, t, _ = x.shape
     c = self.cfg
     q = self.q(x).reshape(b, t, c.n_heads, c.head_dim)
     k = self.k(x).reshape(b, t, c.n_kv_heads, c.head_dim)
     v = self.v(x).reshape(b, t, c.n_kv_heads, c.head_dim)
-    q, k = rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta)
-    new_kv = None
-    if cache_kv is not None:
-      ck, cv = cache_kv
-      k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, cache_index, 0, 0))
-      v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, cache_index, 0, 0))
-      new_kv = (k, v)
+    if c.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    return rope(q, positions, c), rope(k, positions, c), v
+
+  def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Softmax attention of q [B, T, H, E] over k, v [B, S, K, E] under mask [B, T, S] → [B, T, D]."""
+    b, t = q.shape[:2]
+    c = self.cfg
     g = c.n_heads // c.n_kv_heads
     q = q.reshape(b, t, c.n_kv_heads, g, c.head_dim)
-    logits = jnp.einsum("btkge,bske->bkgts", q, k).astype(jnp.float32) * c.head_dim ** -0.5
+    logits = jnp.einsum("btkge,bske->bkgts", q, k,
+                        preferred_element_type=jnp.float32) * c.head_dim ** -0.5
     logits = jnp.where(mask[:, None, None, :, :], logits, -1e30)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
     y = jnp.einsum("bkgts,bske->btkge", probs, v).reshape(b, t, c.n_heads * c.head_dim)
-    return self.o(y), new_kv
+    return self.o(y)
 
 
 class MLP(nnx.Module):
   """SwiGLU feed-forward (Shazeer 2020): down(silu(gate(x)) * up(x))."""
 
   def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
-    init = nnx.initializers.normal(cfg.d_model ** -0.5)
-    self.gate = nnx.Linear(cfg.d_model, cfg.d_ff, use_bias=False, kernel_init=init, rngs=rngs)
-    self.up = nnx.Linear(cfg.d_model, cfg.d_ff, use_bias=False, kernel_init=init, rngs=rngs)
-    self.down = nnx.Linear(cfg.d_ff, cfg.d_model, use_bias=False,
-                           kernel_init=nnx.initializers.normal(cfg.d_ff ** -0.5 / (2 * cfg.n_layers) ** 0.5),
-                           rngs=rngs)
+    std = cfg.d_model ** -0.5
+    self.gate = _linear(cfg, cfg.d_model, cfg.d_ff, cfg.mlp_bias, std, rngs)
+    self.up = _linear(cfg, cfg.d_model, cfg.d_ff, cfg.mlp_bias, std, rngs)
+    self.down = _linear(cfg, cfg.d_ff, cfg.d_model, cfg.mlp_bias,
+                        cfg.d_ff ** -0.5 / (2 * cfg.n_layers) ** 0.5, rngs)
 
   def __call__(self, x):
     return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
@@ -175,15 +328,18 @@ class Block(nnx.Module):
   """Pre-norm transformer block."""
 
   def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
-    self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+    self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.param_dtype)
     self.attn = Attention(cfg, rngs)
-    self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+    self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.param_dtype)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x, positions, mask, cache_kv=None, cache_index=None):
-    h, new_kv = self.attn(self.attn_norm(x), positions, mask, cache_kv, cache_index)
-    x = x + h
-    return x + self.mlp(self.mlp_norm(x)), new_kv
+  def __call__(self, x, positions, mask, kv_write=None):
+    """One block; ``kv_write(k, v) -> (k_all, v_all)`` stores new keys in a cache, if given."""
+    q, k, v = self.attn.project(self.attn_norm(x), positions)
+    if kv_write is not None:
+      k, v = kv_write(k, v)
+    x = x + self.attn.attend(q, k, v, mask)
+    return x + self.mlp(self.mlp_norm(x))
 
 
 class Transformer(nnx.Module):
@@ -191,6 +347,12 @@ class Transformer(nnx.Module):
 
   ``__call__(tokens, mask)`` scores full sequences (training); ``step`` runs
   prefill/decode against a ``KVCache`` (sampling). Both give float32 logits.
+
+  Parameter paths (used by partition rules and checkpoint conversion):
+  ``embed.embedding`` [V, D]; ``blocks.{i}.attn.{q,k,v,o}.kernel`` [in, out] (+ ``.bias``);
+  ``blocks.{i}.attn.{q,k}_norm.scale`` [E]; ``blocks.{i}.mlp.{gate,up,down}.kernel``;
+  ``blocks.{i}.{attn,mlp}_norm.scale`` [D]; ``final_norm.scale`` [D];
+  ``lm_head.kernel`` [D, V] (untied only).
   """
 
   def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
@@ -198,20 +360,25 @@ class Transformer(nnx.Module):
       raise ValueError(f"model.n_heads={cfg.n_heads} must be a multiple of "
                        f"model.n_kv_heads={cfg.n_kv_heads}")
     self.cfg = cfg
-    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model,
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, param_dtype=cfg.param_dtype,
                            embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
     self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
-    self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+    self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.param_dtype)
     if not cfg.tie_embeddings:
-      self.lm_head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False,
-                                kernel_init=nnx.initializers.normal(cfg.d_model ** -0.5), rngs=rngs)
+      self.lm_head = _linear(cfg, cfg.d_model, cfg.vocab_size, False, cfg.d_model ** -0.5, rngs)
 
   def _logits(self, x):
     x = self.final_norm(x)
     if self.cfg.tie_embeddings:
-      return jnp.einsum("btd,vd->btv", x, self.embed.embedding[...]).astype(jnp.float32) \
-          * self.cfg.d_model ** -0.5
+      w = self.embed.embedding[...].astype(x.dtype)
+      logits = jnp.einsum("btd,vd->btv", x, w, preferred_element_type=jnp.float32)
+      if self.cfg.scale_tied_logits:
+        logits = logits * self.cfg.d_model ** -0.5
+      return logits.astype(jnp.float32)
     return self.lm_head(x).astype(jnp.float32)
+
+  def _embed(self, tokens):
+    return self.embed(tokens).astype(self.cfg.dtype)
 
   def __call__(self, tokens: jax.Array, mask: jax.Array) -> jax.Array:
     """Logits for every position of full sequences.
@@ -227,9 +394,9 @@ class Transformer(nnx.Module):
     positions = positions_from_mask(mask)
     causal = jnp.tril(jnp.ones((t, t), bool))
     attn_mask = causal[None] & mask[:, None, :]
-    x = self.embed(tokens).astype(self.cfg.dtype)
+    x = self._embed(tokens)
     for blk in self.blocks:
-      x, _ = blk(x, positions, attn_mask)
+      x = blk(x, positions, attn_mask)
     return self._logits(x)
 
   def step(self, tokens: jax.Array, positions: jax.Array, token_valid: jax.Array,
@@ -246,16 +413,21 @@ class Transformer(nnx.Module):
     Returns:
       (logits [B, T, V] float32, updated cache).
     """
-    b, t = tokens.shape
+    t = tokens.shape[1]
     s = cache.valid.shape[1]
     valid = jax.lax.dynamic_update_slice(cache.valid, token_valid, (0, cache_index))
     slot = jnp.arange(s)[None, :]
     query_slot = cache_index + jnp.arange(t)[:, None]
     attn_mask = (slot <= query_slot)[None] & valid[:, None, :]  # [B, T, S]
-    x = self.embed(tokens).astype(self.cfg.dtype)
-    ks, vs = [], []
+    x = self._embed(tokens)
+    ck, cv = cache.k, cache.v
     for i, blk in enumerate(self.blocks):
-      x, (k, v) = blk(x, positions, attn_mask, (cache.k[i], cache.v[i]), cache_index)
-      ks.append(k)
-      vs.append(v)
-    return self._logits(x), KVCache(k=jnp.stack(ks), v=jnp.stack(vs), valid=valid)
+      def kv_write(k, v, i=i):
+        nonlocal ck, cv
+        zero = jnp.zeros((), jnp.int32)
+        at = (jnp.int32(i), zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
+        ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype)[None], at)
+        cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], at)
+        return ck[i], cv[i]
+      x = blk(x, positions, attn_mask, kv_write)
+    return self._logits(x), KVCache(k=ck, v=cv, valid=valid)

@@ -1,0 +1,158 @@
+"""Meshes and partition rules: how parameters and batches are laid out on devices.
+
+One ``jax.sharding.Mesh`` with the named axes ``("data", "fsdp", "tensor")`` (Auto axis
+types, so ordinary jnp code runs unannotated). Batches shard their leading axis over
+``("data", "fsdp")``; parameters follow ``PARAM_RULES``, an ordered list of
+(regex over the ``/``-joined parameter path, PartitionSpec) pairs in the
+MaxText/tunix style: the first matching rule wins, and any mesh axis whose size does
+not divide the dimension it would shard is dropped (that dimension is replicated), so
+tiny test models still run on 8 devices.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# Parameter path (see ``jaxreplay.models.transformer.Transformer``) -> PartitionSpec.
+# Kernels are [in, out]: column-parallel layers shard ``out`` over tensor, row-parallel
+# layers shard ``in`` over tensor; the other dimension shards over fsdp.
+PARAM_RULES: tuple[tuple[str, P], ...] = (
+    (r"embed/embedding$", P("tensor", "fsdp")),             # [V, D]
+    (r"attn/(q|k|v)/kernel$", P("fsdp", "tensor")),         # [D, H*E]
+    (r"attn/(q|k|v)/bias$", P("tensor")),                   # [H*E]
+    (r"attn/o/kernel$", P("tensor", "fsdp")),               # [H*E, D]
+    (r"mlp/(gate|up)/kernel$", P("fsdp", "tensor")),        # [D, F]
+    (r"mlp/(gate|up)/bias$", P("tensor")),                  # [F]
+    (r"mlp/down/kernel$", P("tensor", "fsdp")),             # [F, D]
+    (r"lm_head/kernel$", P("fsdp", "tensor")),              # [D, V]
+    (r".*", P()),                                           # norms, remaining biases
+)
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A ``("data", "fsdp", "tensor")`` mesh with Auto axis types.
+
+  Args:
+    data, fsdp, tensor: axis sizes; one of them may be -1 (the rest of the devices).
+    devices: devices to use (default ``jax.devices()``); all of them are used.
+
+  Returns:
+    ``jax.sharding.Mesh`` of shape (data, fsdp, tensor).
+
+  Raises:
+    ValueError: sizes that do not multiply to the device count, or more than one -1.
+  """
+  devs = list(jax.devices() if devices is None else devices)
+  sizes = [data, fsdp, tensor]
+  if sizes.count(-1) > 1:
+    raise ValueError(f"mesh sizes (data, fsdp, tensor)={tuple(sizes)}: at most one may be -1")
+  known = int(np.prod([s for s in sizes if s != -1]))
+  if -1 in sizes:
+    if known == 0 or len(devs) % known:
+      raise ValueError(f"mesh sizes {tuple(sizes)} do not divide {len(devs)} devices")
+    sizes[sizes.index(-1)] = len(devs) // known
+  if int(np.prod(sizes)) != len(devs):
+    raise ValueError(f"mesh sizes (data, fsdp, tensor)={tuple(sizes)} need {int(np.prod(sizes))} "
+                     f"devices, have {len(devs)}")
+  return Mesh(np.asarray(devs, dtype=object).reshape(sizes), MESH_AXES,
+              axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+def path_str(path: Sequence[Any]) -> str:
+  """A pytree key path as ``a/b/0/c`` (``.value`` attribute keys of NNX variables dropped)."""
+  parts = []
+  for k in path:
+    if isinstance(k, jax.tree_util.DictKey):
+      parts.append(str(k.key))
+    elif isinstance(k, jax.tree_util.SequenceKey):
+      parts.append(str(k.idx))
+    elif isinstance(k, jax.tree_util.GetAttrKey):
+      if k.name != "value":
+        parts.append(k.name)
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+
+def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
+  """``spec`` with every mesh axis that does not divide its dimension removed.
+
+  Args:
+    spec: PartitionSpec (entries None, an axis name, or a tuple of names).
+    shape: the array shape.
+    mesh: the mesh whose axis sizes are checked.
+
+  Returns:
+    A PartitionSpec of length ``len(shape)`` valid for ``shape`` on ``mesh``.
+  """
+  out = []
+  for dim, entry in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+    kept, prod = [], 1
+    for n in names:
+      if mesh.shape[n] > 1 and dim % (prod * mesh.shape[n]) == 0:
+        kept.append(n)
+        prod *= mesh.shape[n]
+    out.append(None if not kept else (kept[0] if len(kept) == 1 else tuple(kept)))
+  return P(*out)
+
+
+def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
+             rules: Sequence[tuple[str, P]] = PARAM_RULES) -> P:
+  """The PartitionSpec of the parameter at ``path`` (first matching rule, fitted to shape)."""
+  for pattern, spec in rules:
+    if re.search(pattern, path):
+      return fit_spec(spec, shape, mesh)
+  return P()
+
+
+def param_shardings(tree: Any, mesh: Mesh, rules: Sequence[tuple[str, P]] = PARAM_RULES) -> Any:
+  """NamedShardings for every array leaf of ``tree`` (arrays or ShapeDtypeStructs) by ``rules``.
+
+  Returns:
+    A pytree of ``NamedSharding`` with the structure of ``tree``.
+  """
+  return jax.tree_util.tree_map_with_path(
+      lambda p, x: NamedSharding(mesh, spec_for(path_str(p), x.shape, mesh, rules)), tree)
+
+
+def shard_params(params: Any, mesh: Mesh, rules: Sequence[tuple[str, P]] = PARAM_RULES) -> Any:
+  """``params`` placed on ``mesh`` by ``rules`` (``jax.device_put``; a no-op where already so)."""
+  return jax.device_put(params, param_shardings(params, mesh, rules))
+
+
+def batch_sharding(mesh: Mesh, ndim: int, batch_size: int | None = None) -> NamedSharding:
+  """Sharding for an array whose leading axis is the batch: over ``data`` × ``fsdp``.
+
+  Axes that do not divide ``batch_size`` (when given) are dropped, so odd batches replicate.
+  """
+  spec = P(BATCH_AXES, *([None] * (ndim - 1)))
+  if batch_size is not None:
+    spec = fit_spec(spec, (batch_size,) + (1,) * (ndim - 1), mesh)
+  return NamedSharding(mesh, spec)
+
+
+def shard_batch(tree: Any, mesh: Mesh) -> Any:
+  """Every array of ``tree`` placed with its leading axis split over ``data`` × ``fsdp``."""
+  return jax.tree.map(
+      lambda x: jax.device_put(x, batch_sharding(mesh, np.ndim(x), np.shape(x)[0])), tree)
+
+
+def make_sharded_array(shape: Sequence[int], dtype: Any, sharding: NamedSharding,
+                       read: Callable[[tuple[slice, ...]], np.ndarray]) -> jax.Array:
+  """A global array built shard by shard: ``read(index)`` returns only that device's block.
+
+  No device, and no host buffer, ever holds more than one shard of the array, so
+  checkpoints larger than one device load directly into their sharded layout.
+  """
+  return jax.make_array_from_callback(
+      tuple(shape), sharding, lambda idx: np.asarray(read(idx), dtype=dtype))
