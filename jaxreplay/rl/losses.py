@@ -1,38 +1,328 @@
-"""Off-policy policy-gradient losses on per-token log-probs.
+"""Off-policy policy-gradient losses, KL estimators, entropy and token aggregation.
 
-Shapes: B sequences × T tokens. ``logp`` is log π_θ of each token under the current
-policy, ``behaviour_logp`` the stored log μ, ``mask`` the completion mask.
-Losses are to be *minimised*.
+Pure functions in the rlax style. Shapes: B sequences × T token columns. ``logp_bt`` is
+log π_θ of each sampled token under the current policy, ``behaviour_logp_bt`` the
+stored log μ (the sampling distribution), ``mask_bt`` the loss mask. Every loss is to
+be *minimised* and returns per-token values [B, T]; ``aggregate`` reduces them. The
+per-token value is the negated surrogate, so ∂loss/∂logp is the (negated) policy
+gradient weight of that token.
+
+Per-sample hyper-parameters (ε, truncation cap) may be Python floats or [B] arrays:
+the staleness-adaptive trust region (``jaxreplay.rl.weights``) passes [B].
+Sequence advantages ``adv`` may be [B] (one per sequence) or [B, T] (per token, GAE).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import chex
 import jax
 import jax.numpy as jnp
 
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
-LOSSES = ("ppo_clip", "reinforce", "asymre")
+LOSSES = ("ppo_clip", "tis", "decoupled", "gspo", "asymre", "reinforce")
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
+                "seq_mean_token_sum_norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+sg = jax.lax.stop_gradient
 
 
-def aggregate(loss_bt: jax.Array, mask_bt: jax.Array, mode: str, horizon: int | None = None):
-  """Reduces per-token losses to a scalar (CASES.md case 4).
+class LossInfo(NamedTuple):
+  """Diagnostics of a policy loss, all [B, T].
 
-  Modes:
-    token_mean: Σ loss·mask / Σ mask (0 when no token is valid).
-    seq_mean_token_mean: mean over sequences with ≥1 token of each sequence's token mean.
-    seq_mean_token_sum: mean over sequences of Σ_t loss·mask, divided by ``horizon``
-      when given (Dr. GRPO's constant normaliser, Liu et al. 2025) — never by the count.
+  Attributes:
+    ratio: float32, the ratio the trust region sees (π/μ, π/π_prox for ``decoupled``,
+      the sequence ratio broadcast to tokens for ``gspo``).
+    clipped_low: bool, the clip/truncation removed this token's gradient from below.
+    clipped_high: bool, ... from above (for ``tis``: the weight was truncated).
+  """
+
+  ratio: jax.Array
+  clipped_low: jax.Array
+  clipped_high: jax.Array
+
+
+def _per_seq(x, b: int) -> jax.Array:
+  """A scalar or [B] hyper-parameter as a [B, 1] float32 column."""
+  x = jnp.asarray(x, jnp.float32)
+  chex.assert_rank(x, {0, 1})
+  return jnp.broadcast_to(x, (b,))[:, None]
+
+
+def _adv_bt(adv, shape) -> jax.Array:
+  """[B] or [B, T] advantages as [B, T] float32."""
+  chex.assert_rank(adv, {1, 2})
+  adv = adv.astype(jnp.float32)
+  return jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, shape)
+
+
+def _check(logp_bt, *others):
+  chex.assert_rank(logp_bt, 2)
+  chex.assert_equal_shape([logp_bt, *others])
+
+
+def _clipped_surrogate(ratio, adv, eps_low, eps_high):
+  """−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A) and which side removed the gradient."""
+  clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+  loss = -jnp.minimum(ratio * adv, clipped * adv)
+  low = (adv < 0) & (ratio < 1.0 - eps_low)
+  high = (adv > 0) & (ratio > 1.0 + eps_high)
+  return loss, low, high
+
+
+def ppo_clip_loss(logp_bt, behaviour_logp_bt, adv, eps_low, eps_high):
+  """Token-level clipped surrogate against the behaviour policy.
+
+  PPO (Schulman et al. 2017, arXiv 1707.06347 eq. 7) with the decoupled lower/upper
+  range of DAPO "clip-higher" (Yu et al. 2025, arXiv 2503.14476 eq. 8):
+    loss_t = −min(r_t A, clip(r_t, 1−ε_low, 1+ε_high) A),  r_t = exp(logp_t − log μ_t).
 
   Args:
-    loss_bt: [B, T] float32. mask_bt: [B, T] bool. mode: one of ``AGGREGATIONS``.
-    horizon: constant normaliser for ``seq_mean_token_sum`` (e.g. max response length).
+    logp_bt, behaviour_logp_bt: [B, T] float32.
+    adv: [B] or [B, T] float32 advantages.
+    eps_low, eps_high: float or [B] float32 clip range (> 0).
+
+  Returns:
+    (loss [B, T] float32, LossInfo).
+
+  Raises:
+    AssertionError (chex): rank or shape mismatch.
+  """
+  _check(logp_bt, behaviour_logp_bt)
+  b = logp_bt.shape[0]
+  a = _adv_bt(adv, logp_bt.shape)
+  ratio = jnp.exp(logp_bt - behaviour_logp_bt)
+  loss, low, high = _clipped_surrogate(ratio, a, _per_seq(eps_low, b), _per_seq(eps_high, b))
+  return loss, LossInfo(ratio, low, high)
+
+
+def tis_loss(logp_bt, behaviour_logp_bt, adv, cap):
+  """Truncated importance sampling policy gradient.
+
+  IMPALA's truncated weight ρ̄ = min(c̄, π/μ) (Espeholt et al. 2018, arXiv 1802.01561
+  eq. 1 and §4.2), applied to the token policy gradient as in TIS for LLM RL (Yao et
+  al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"):
+    loss_t = −sg(min(r_t, cap)) · A · logp_t.
+  The value of the loss is a surrogate; its gradient is min(r, cap)·A·∇log π.
+
+  Args:
+    logp_bt, behaviour_logp_bt: [B, T] float32.
+    adv: [B] or [B, T] float32.
+    cap: float or [B] float32 truncation level (> 0; ``jnp.inf`` for plain IS).
+
+  Returns:
+    (loss [B, T] float32, LossInfo with ``clipped_high`` = weight truncated).
+  """
+  _check(logp_bt, behaviour_logp_bt)
+  b = logp_bt.shape[0]
+  a = _adv_bt(adv, logp_bt.shape)
+  ratio = jnp.exp(logp_bt - behaviour_logp_bt)
+  c = _per_seq(cap, b)
+  w = sg(jnp.minimum(ratio, c))
+  return -w * a * logp_bt, LossInfo(ratio, jnp.zeros(ratio.shape, bool), ratio > c)
+
+
+def decoupled_loss(logp_bt, behaviour_logp_bt, prox_logp_bt, adv, eps_low, eps_high,
+                   cap=jnp.inf):
+  """Decoupled PPO: behaviour correction separated from the trust region.
+
+  Hilton, Cobbe & Schulman 2022 ("Batch size-invariance for policy optimization",
+  arXiv 2110.00641 §3, the decoupled PPO-clip objective), as used for asynchronous LLM
+  RL by AReaL (Fu et al. 2025, arXiv 2505.24298, decoupled PPO objective):
+    loss_t = −sg(min(π_prox/μ, cap)) · min(r'_t A, clip(r'_t, 1−ε_low, 1+ε_high) A),
+    r'_t = π_θ/π_prox,
+  where π_prox is the proximal policy (the policy at the start of the learner step).
+
+  Args:
+    logp_bt, behaviour_logp_bt, prox_logp_bt: [B, T] float32 (``prox_logp_bt`` is
+      treated as a constant).
+    adv: [B] or [B, T] float32.
+    eps_low, eps_high: float or [B] clip range around π_prox.
+    cap: float or [B] truncation of the behaviour weight π_prox/μ (inf = none).
+
+  Returns:
+    (loss [B, T] float32, LossInfo whose ratio and clip flags refer to r').
+  """
+  _check(logp_bt, behaviour_logp_bt, prox_logp_bt)
+  b = logp_bt.shape[0]
+  a = _adv_bt(adv, logp_bt.shape)
+  prox = sg(prox_logp_bt)
+  w = jnp.minimum(jnp.exp(prox - behaviour_logp_bt), _per_seq(cap, b))
+  ratio = jnp.exp(logp_bt - prox)
+  loss, low, high = _clipped_surrogate(ratio, a, _per_seq(eps_low, b), _per_seq(eps_high, b))
+  return sg(w) * loss, LossInfo(ratio, low, high)
+
+
+def gspo_loss(logp_bt, behaviour_logp_bt, mask_bt, adv_b, eps_low, eps_high):
+  """GSPO: clipped surrogate on the length-normalised sequence ratio.
+
+  Zheng et al. 2025 (Group Sequence Policy Optimization, arXiv 2507.18071 §4.1):
+    s_i = exp((1/|y_i|) Σ_t (logp_t − log μ_t)),
+    ℓ_i = −min(s_i A_i, clip(s_i, 1−ε_low, 1+ε_high) A_i).
+  ℓ_i is written on every masked token of row i, so ``seq_mean_token_mean`` gives the
+  paper's (1/G) Σ_i ℓ_i exactly (other modes weight sequences by length).
+
+  Args:
+    logp_bt, behaviour_logp_bt: [B, T] float32. mask_bt: [B, T] bool.
+    adv_b: [B] float32 sequence advantages.
+    eps_low, eps_high: float or [B] (the paper uses ~3e-4 / 4e-4).
+
+  Returns:
+    (loss [B, T] float32, 0 off the mask; LossInfo with s_i broadcast over tokens).
+  """
+  _check(logp_bt, behaviour_logp_bt, mask_bt)
+  chex.assert_rank(adv_b, 1)
+  b = logp_bt.shape[0]
+  m = mask_bt.astype(jnp.float32)
+  n = jnp.maximum(m.sum(-1, keepdims=True), 1.0)
+  s = jnp.exp(jnp.sum((logp_bt - behaviour_logp_bt) * m, -1, keepdims=True) / n)  # [B, 1]
+  loss, low, high = _clipped_surrogate(s, adv_b.astype(jnp.float32)[:, None],
+                                       _per_seq(eps_low, b), _per_seq(eps_high, b))
+  shape = logp_bt.shape
+  return (jnp.broadcast_to(loss, shape) * m,
+          LossInfo(jnp.broadcast_to(s, shape), jnp.broadcast_to(low, shape) & mask_bt,
+                   jnp.broadcast_to(high, shape) & mask_bt))
+
+
+def asymre_loss(logp_bt, rewards_b, baseline_b, delta_v: float):
+  """AsymRE (Arnal et al. 2025, arXiv 2506.20520 §3; jaxreplay paper §5.5).
+
+  loss_t = −(r − (V̂ + δV)) · logp_t: REINFORCE with the group-mean baseline V̂ shifted
+  by δV (< 0 lowers it), no importance ratio.
+
+  Args:
+    logp_bt: [B, T] float32. rewards_b, baseline_b: [B] float32 (V̂ = group mean).
+    delta_v: baseline shift δV (the paper uses −0.1).
+
+  Returns:
+    [B, T] float32.
+  """
+  chex.assert_rank([logp_bt, rewards_b, baseline_b], [2, 1, 1])
+  chex.assert_equal_shape([rewards_b, baseline_b])
+  return -(rewards_b - (baseline_b + delta_v)).astype(jnp.float32)[:, None] * logp_bt
+
+
+def reinforce_loss(logp_bt, adv):
+  """On-policy REINFORCE (Williams 1992, eq. 11 with baseline): loss_t = −A · logp_t.
+
+  Args:
+    logp_bt: [B, T] float32. adv: [B] or [B, T] float32.
+
+  Returns:
+    [B, T] float32.
+  """
+  chex.assert_rank(logp_bt, 2)
+  return -_adv_bt(adv, logp_bt.shape) * logp_bt
+
+
+def ratio_in_range(ratio_bt, c: float) -> jax.Array:
+  """[B, T] bool: 1/c ≤ ratio ≤ c (token masking of extreme ratios, e.g. IcePop/MIS).
+
+  Args:
+    ratio_bt: [B, T] float32. c: > 1, or ≤ 0 to disable (all True).
+  """
+  if c <= 0:
+    return jnp.ones(ratio_bt.shape, bool)
+  if c <= 1:
+    raise ValueError(f"algo.ratio_mask_c={c} must be > 1 (or 0 to disable)")
+  return (ratio_bt >= 1.0 / c) & (ratio_bt <= c)
+
+
+# --- KL to a reference policy ----------------------------------------------------------
+
+
+def kl_estimate(logp_bt, ref_logp_bt, estimator: str) -> jax.Array:
+  """Per-token sampled estimators of KL(π_θ ‖ π_ref) on tokens drawn from π_θ.
+
+  Schulman 2020, "Approximating KL divergence" (joschu.net/blog/kl-approx.html), with
+  log-ratio x = log π_ref − log π_θ:
+    k1 = −x = logp − ref,   k2 = x²/2,   k3 = exp(x) − 1 − x  (≥ 0, unbiased).
+  All three and their gradients are 0 at logp == ref; k2, k3 ≥ 0 (CASES.md case 10).
+
+  Args:
+    logp_bt, ref_logp_bt: same shape float32 (``ref`` is held constant).
+    estimator: ``algo.kl_estimator``, one of ``KL_ESTIMATORS``.
+
+  Returns:
+    Same shape float32.
+
+  Raises:
+    ValueError: unknown ``estimator``.
+  """
+  chex.assert_equal_shape([logp_bt, ref_logp_bt])
+  x = sg(ref_logp_bt) - logp_bt
+  if estimator == "k1":
+    return -x
+  if estimator == "k2":
+    return 0.5 * x * x
+  if estimator == "k3":
+    return jnp.expm1(x) - x
+  raise ValueError(f"algo.kl_estimator={estimator!r} is not one of {KL_ESTIMATORS}")
+
+
+def kl_penalised_rewards(rewards_b, logp_bt, ref_logp_bt, mask_bt, beta: float,
+                         estimator: str = "k1") -> jax.Array:
+  """KL as a reward penalty (Ziegler et al. 2019, arXiv 1909.08593 eq. 2): r − β Σ_t kl_t.
+
+  For group estimators apply this at generation time, before ``compute_advantages``,
+  with ``logp`` the behaviour log-probs and ``ref`` the reference's.
+
+  Args:
+    rewards_b: [B] float32. logp_bt, ref_logp_bt: [B, T] float32. mask_bt: [B, T] bool.
+    beta: penalty coefficient. estimator: one of ``KL_ESTIMATORS``.
+
+  Returns:
+    [B] float32 penalised rewards (no gradient flows).
+  """
+  chex.assert_rank([rewards_b, logp_bt], [1, 2])
+  kl = sg(kl_estimate(logp_bt, ref_logp_bt, estimator))
+  return rewards_b.astype(jnp.float32) - beta * jnp.sum(jnp.where(mask_bt, kl, 0.0), -1)
+
+
+# --- aggregation, masks, entropy -------------------------------------------------------
+
+
+def loss_mask(completion_mask_bt, truncated_b, mask_truncated: bool) -> jax.Array:
+  """The tokens the loss and its normaliser see (CASES.md case 3).
+
+  Args:
+    completion_mask_bt: [B, T] bool. truncated_b: [B] bool.
+    mask_truncated: drop every token of truncated completions (the normaliser, computed
+      from this mask by ``aggregate``, then excludes them too).
+
+  Returns:
+    [B, T] bool.
+  """
+  chex.assert_rank([completion_mask_bt, truncated_b], [2, 1])
+  if not mask_truncated:
+    return completion_mask_bt
+  return completion_mask_bt & ~truncated_b[:, None]
+
+
+def aggregate(loss_bt, mask_bt, mode: str, horizon: int | float = 0) -> jax.Array:
+  """Reduces per-token losses to a scalar (CASES.md case 4); batch-size invariant.
+
+  Modes (the normaliser always comes from ``mask_bt``, so masked tokens never count):
+    token_mean: Σ loss·m / Σ m (DAPO, Yu et al. 2025 eq. 8).
+    seq_mean_token_mean: mean over sequences with ≥ 1 token of each one's token mean
+      (GRPO, Shao et al. 2024 eq. 3).
+    seq_mean_token_sum: mean over sequences of Σ_t loss·m.
+    seq_mean_token_sum_norm: the same divided by the constant ``horizon`` (Dr. GRPO,
+      Liu et al. 2025 §3.1: the max response length).
+  A batch with no valid token gives exactly 0.
+
+  Args:
+    loss_bt: [B, T] float32. mask_bt: [B, T] bool. mode: ``algo.aggregation``.
+    horizon: ``algo.horizon``, > 0 for ``seq_mean_token_sum_norm``.
 
   Returns:
     float32 scalar.
 
   Raises:
-    ValueError: unknown ``mode``.
+    ValueError: unknown ``mode``, or ``seq_mean_token_sum_norm`` without a horizon.
   """
+  _check(loss_bt, mask_bt)
   m = mask_bt.astype(jnp.float32)
   lm = jnp.where(mask_bt, loss_bt, 0.0)
   if mode == "token_mean":
@@ -43,59 +333,42 @@ def aggregate(loss_bt: jax.Array, mask_bt: jax.Array, mode: str, horizon: int | 
     has = (n_t > 0).astype(jnp.float32)
     return (per_seq * has).sum() / jnp.maximum(has.sum(), 1.0)
   if mode == "seq_mean_token_sum":
-    out = lm.sum(-1).mean()
-    return out / horizon if horizon else out
+    return lm.sum(-1).mean()
+  if mode == "seq_mean_token_sum_norm":
+    if not horizon or horizon <= 0:
+      raise ValueError(f"algo.horizon={horizon!r} must be > 0 (e.g. sampler.max_new_tokens) "
+                       "for algo.aggregation='seq_mean_token_sum_norm'")
+    return lm.sum(-1).mean() / horizon
   raise ValueError(f"algo.aggregation={mode!r} is not one of {AGGREGATIONS}")
 
 
-def ppo_clip_token_loss(logp_bt, behaviour_logp_bt, adv_b, eps_low: float, eps_high: float):
-  """Token-level clipped surrogate (Schulman et al. 2017, PPO eq. 7; DAPO clip-higher).
-
-  loss_t = −min(r_t A, clip(r_t, 1−ε_low, 1+ε_high) A), r_t = exp(logp − behaviour_logp).
-
-  Args:
-    logp_bt, behaviour_logp_bt: [B, T] float32. adv_b: [B] float32.
-    eps_low, eps_high: clip range.
-
-  Returns:
-    (loss [B, T], ratio [B, T], clipped_low [B, T] bool, clipped_high [B, T] bool):
-    ``clipped_*`` mark tokens whose gradient the clip removes.
-  """
-  ratio = jnp.exp(logp_bt - behaviour_logp_bt)
-  adv = adv_b[:, None]
-  unclipped = ratio * adv
-  clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
-  loss = -jnp.minimum(unclipped, clipped)
-  clipped_low = (adv < 0) & (ratio < 1.0 - eps_low)
-  clipped_high = (adv > 0) & (ratio > 1.0 + eps_high)
-  return loss, ratio, clipped_low, clipped_high
-
-
-def reinforce_token_loss(logp_bt, adv_b):
-  """On-policy REINFORCE (Williams 1992): loss_t = −A · logp_t. Returns [B, T]."""
-  return -adv_b[:, None] * logp_bt
-
-
-def asymre_token_loss(logp_bt, rewards_b, group_mean_b, delta_v: float):
-  """AsymRE (Arnal et al. 2025, arXiv 2506.20520): −(r − (V̂ + δV)) · logp, no ratio.
-
-  Args:
-    logp_bt: [B, T]. rewards_b, group_mean_b: [B] reward and its group's mean reward.
-    delta_v: baseline shift δV (the paper uses −0.1).
-
-  Returns:
-    [B, T] float32.
-  """
-  return -(rewards_b - (group_mean_b + delta_v))[:, None] * logp_bt
-
-
-def masked_mean(x_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
-  """Mean of ``x`` over True entries of ``mask`` (0 when none)."""
+def masked_mean(x_bt, mask_bt) -> jax.Array:
+  """Mean of ``x`` over True entries of ``mask`` (0 when none; off-mask values never read)."""
+  chex.assert_equal_shape([x_bt, mask_bt])
   m = mask_bt.astype(jnp.float32)
   return jnp.where(mask_bt, x_bt, 0.0).sum() / jnp.maximum(m.sum(), 1.0)
 
 
-def token_entropy(logits_btv: jax.Array) -> jax.Array:
-  """Entropy of each position's distribution, −Σ p log p, [B, T] float32 (nats)."""
-  logp = jax.nn.log_softmax(logits_btv, axis=-1)
+def token_entropy(logits_btv) -> jax.Array:
+  """Entropy −Σ_v p log p of each position's distribution, [B, T] float32 (nats).
+
+  Args:
+    logits_btv: [B, T, V] float.
+  """
+  chex.assert_rank(logits_btv, 3)
+  logp = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
   return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+def sampled_entropy(logp_bt, mask_bt) -> jax.Array:
+  """Per-sequence sampled-token entropy estimate −Σ_t m_t logp_t (CASES.md case 6a).
+
+  Args:
+    logp_bt: [B, T] float32 (off-mask values, e.g. sentinels, are never read).
+    mask_bt: [B, T] bool.
+
+  Returns:
+    [B] float32.
+  """
+  _check(logp_bt, mask_bt)
+  return -jnp.sum(jnp.where(mask_bt, logp_bt, 0.0), -1)

@@ -1,13 +1,29 @@
-"""The jitted learner update: ``train_step(state, batch, weights) -> (state, metrics)``.
+"""The jitted learner update: ``train_step(state, batch, weights[, staleness]) -> (state, metrics)``.
 
 Recomputes per-token log-probs of the stored rollouts under the current policy (at
 the sampling temperature, so the ratio is 1 at identical parameters), applies the
-configured off-policy loss, and takes one optax step. A non-finite loss or gradient
-leaves parameters and optimizer state untouched and is reported in the metrics.
+configured objective (``objective``) and takes ``update_epochs × num_minibatches``
+optax steps. A non-finite loss or gradient leaves parameters and optimizer state
+untouched and is reported in the metrics.
+
+The objective, per sampled item i with weight w_i (sampling × staleness correction,
+``jaxreplay.rl.weights``) and per token t on the loss mask:
+
+  ℓ_it = w_i · (pg_it + β·kl_it − c_H·H_it)   →  aggregate(ℓ, mask, algo.aggregation)
+         + c_V · aggregate(w_i · value_loss_it)          (``gae`` only)
+
+where pg is the configured policy loss (``losses``), kl a sampled KL estimate to the
+frozen reference in ``TrainState.ref_params`` (``algo.kl_mode='loss'``), H the
+full-distribution entropy. Tokens whose ratio falls outside [1/c, c]
+(``algo.ratio_mask_c``) contribute no policy-gradient term; the normaliser still
+counts them, so masking never up-weights the rest.
+
+Config fields read (``algo.get(name, default)``; defaults in ``AlgoSpec``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import flax.struct
@@ -16,8 +32,12 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxreplay.rl import losses
+from jaxreplay.rl import advantages as adv_lib
+from jaxreplay.rl import diagnostics, losses, value, weights as weights_lib
 from jaxreplay.rollout import Rollout
+
+sg = jax.lax.stop_gradient
+KL_MODES = ("loss", "reward")
 
 
 @flax.struct.dataclass
@@ -26,15 +46,116 @@ class TrainState:
 
   Attributes:
     params: nnx.State of the policy's parameters.
-    opt_state: optax state.
+    opt_state: optax state of ``params`` — or of ``(params, value_params)`` when a value
+      head is trained (``init_train_state`` sets this up).
     step: int32 scalar, learner steps taken = current policy version.
     skipped: int32 scalar, updates skipped for non-finite values (total).
+    value_params: nnx.State of the ``ValueHead`` (``algo.advantage='gae'``), else None.
+    ref_params: frozen reference policy for the KL term (``algo.kl_coef > 0``), else None.
   """
 
   params: Any
   opt_state: Any
   step: jax.Array
   skipped: jax.Array
+  value_params: Any = None
+  ref_params: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoSpec:
+  """The ``algo`` config section, validated. Field = config key; value = default.
+
+  advantage, loss, aggregation: names (see ``ESTIMATORS``, ``LOSSES``, ``AGGREGATIONS``).
+  eps_low, eps_high: clip range. horizon: constant for ``seq_mean_token_sum_norm``.
+  delta_v: AsymRE baseline shift. is_cap: truncation of π/μ for ``tis`` and of π_prox/μ
+  for ``decoupled`` (≤ 0 = none). ratio_mask_c: mask tokens with ratio ∉ [1/c, c] (0 = off).
+  mask_truncated: drop truncated completions from loss and normaliser.
+  kl_coef, kl_estimator, kl_mode: KL to ``TrainState.ref_params``; mode 'loss' adds
+  β·kl per token, 'reward' subtracts β·kl from GAE token rewards (for group estimators
+  the loop applies ``losses.kl_penalised_rewards`` at generation time).
+  entropy_coef: entropy bonus c_H. gae_gamma, gae_lambda, vf_coef, value_clip,
+  gae_whiten: GAE / critic. staleness_target, staleness_fn, staleness_rate: adaptive
+  trust region (``weights.adaptive_trust_region``). staleness_buckets: metric buckets.
+  update_epochs, num_minibatches: optax steps per learner step.
+  """
+
+  advantage: str = "grpo"
+  loss: str = "ppo_clip"
+  aggregation: str = "token_mean"
+  eps_low: float = 0.2
+  eps_high: float = 0.2
+  horizon: float = 0
+  delta_v: float = -0.1
+  is_cap: float = 2.0
+  ratio_mask_c: float = 0.0
+  mask_truncated: bool = False
+  kl_coef: float = 0.0
+  kl_estimator: str = "k3"
+  kl_mode: str = "loss"
+  entropy_coef: float = 0.0
+  gae_gamma: float = 1.0
+  gae_lambda: float = 0.95
+  vf_coef: float = 0.5
+  value_clip: float = 0.2
+  gae_whiten: bool = True
+  staleness_target: str = "none"
+  staleness_fn: str = "inverse"
+  staleness_rate: float = 0.5
+  staleness_buckets: tuple = diagnostics.DEFAULT_BUCKETS
+  update_epochs: int = 1
+  num_minibatches: int = 1
+
+  @classmethod
+  def from_config(cls, algo) -> "AlgoSpec":
+    """Reads every field with ``algo.get(name, default)`` and validates.
+
+    Raises:
+      ValueError: a bad value, naming the ``algo.<field>`` and the valid choices.
+    """
+    if isinstance(algo, AlgoSpec):
+      return algo
+    kw = {f.name: algo.get(f.name, f.default) for f in dataclasses.fields(cls)}
+    kw["staleness_buckets"] = tuple(int(e) for e in kw["staleness_buckets"])
+    spec = cls(**kw)
+    spec.validate()
+    return spec
+
+  def validate(self) -> None:
+    """Raises ValueError naming the first bad ``algo.<field>``."""
+    choices = {"advantage": adv_lib.ESTIMATORS, "loss": losses.LOSSES,
+               "aggregation": losses.AGGREGATIONS, "kl_estimator": losses.KL_ESTIMATORS,
+               "kl_mode": KL_MODES, "staleness_target": weights_lib.STALENESS_TARGETS,
+               "staleness_fn": weights_lib.STALENESS_FNS}
+    for name, valid in choices.items():
+      if getattr(self, name) not in valid:
+        raise ValueError(f"algo.{name}={getattr(self, name)!r} is not one of {valid}")
+    if self.eps_low <= 0 or self.eps_high <= 0:
+      raise ValueError(f"algo.eps_low/eps_high=({self.eps_low}, {self.eps_high}) must be > 0")
+    if self.aggregation == "seq_mean_token_sum_norm" and self.horizon <= 0:
+      raise ValueError(f"algo.horizon={self.horizon} must be > 0 for "
+                       "algo.aggregation='seq_mean_token_sum_norm'")
+    if self.ratio_mask_c and self.ratio_mask_c <= 1:
+      raise ValueError(f"algo.ratio_mask_c={self.ratio_mask_c} must be > 1 (or 0 to disable)")
+    if self.advantage == "gae" and self.loss in ("gspo", "asymre"):
+      raise ValueError(f"algo.loss={self.loss!r} needs a sequence-level advantage; "
+                       f"algo.advantage='gae' is per token (use one of "
+                       f"{adv_lib.GROUP_ESTIMATORS})")
+    if self.update_epochs < 1 or self.num_minibatches < 1:
+      raise ValueError(f"algo.update_epochs={self.update_epochs} and algo.num_minibatches="
+                       f"{self.num_minibatches} must be >= 1")
+    if self.kl_coef < 0 or self.entropy_coef < 0 or self.vf_coef < 0:
+      raise ValueError("algo.kl_coef, algo.entropy_coef and algo.vf_coef must be >= 0")
+    weights_lib.staleness_factor(jnp.zeros((1,)), self.staleness_fn, self.staleness_rate)
+    diagnostics._check_edges(self.staleness_buckets)
+
+  @property
+  def uses_value_head(self) -> bool:
+    return self.advantage == "gae"
+
+  @property
+  def uses_reference(self) -> bool:
+    return self.kl_coef > 0
 
 
 def token_logprobs(graphdef: nnx.GraphDef, params, tokens: jax.Array, attention_mask: jax.Array,
@@ -51,12 +172,25 @@ def token_logprobs(graphdef: nnx.GraphDef, params, tokens: jax.Array, attention_
      entropy [B, T] float32 of the distribution that predicted column t, 0 at column 0).
   """
   model = nnx.merge(graphdef, params)
-  logits = model(tokens, attention_mask)[:, :-1] / temperature  # predicts tokens[:, 1:]
+  return _scores(model(tokens, attention_mask), tokens, temperature)
+
+
+def _scores(logits_btv, tokens, temperature):
+  logits = logits_btv[:, :-1] / temperature  # predicts tokens[:, 1:]
   logp_all = jax.nn.log_softmax(logits, axis=-1)
   logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
   ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
   pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
   return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
+
+
+def policy_and_values(graphdef, params, value_params, tokens, attention_mask, temperature):
+  """(logp [B, T], entropy [B, T], values [B, T] aligned with logp) in one forward pass."""
+  model = nnx.merge(graphdef, params)
+  logits, hidden = value.forward_with_hidden(model, tokens, attention_mask)
+  head = nnx.merge(value.value_graphdef(), value_params)
+  logp, ent = _scores(logits, tokens, temperature)
+  return logp, ent, value.token_values(head, hidden)
 
 
 def make_optimizer(lr: float, warmup_steps: int, max_grad_norm: float, b1: float = 0.9,
@@ -67,82 +201,230 @@ def make_optimizer(lr: float, warmup_steps: int, max_grad_norm: float, b1: float
                      optax.adamw(sched, b1=b1, b2=b2, weight_decay=weight_decay))
 
 
-def policy_loss(logp_bt, batch: Rollout, weights_b, algo) -> tuple[jax.Array, dict]:
-  """The configured policy loss on one batch.
-
-  Args:
-    logp_bt: [B, T] current log-probs. batch: Rollout with B rows.
-    weights_b: [B] float32 per-sample weights (1 for uniform sampling).
-    algo: ConfigDict with ``loss``, ``eps_low``, ``eps_high``, ``aggregation``,
-      ``delta_v``, ``horizon``.
-
-  Returns:
-    (scalar loss, metrics dict of scalars).
+def init_train_state(graphdef: nnx.GraphDef, params, optimizer: optax.GradientTransformation,
+                     algo) -> TrainState:
+  """A fresh ``TrainState``: a zero value head when ``algo.advantage='gae'`` and a frozen
+  copy of ``params`` as the KL reference when ``algo.kl_coef > 0``.
 
   Raises:
-    ValueError: unknown ``algo.loss``.
+    ValueError: invalid ``algo`` (see ``AlgoSpec``).
   """
-  mask = batch.completion_mask
-  adv = batch.advantages
-  ratio = jnp.exp(logp_bt - batch.behaviour_logprobs)
-  low = high = jnp.zeros_like(mask)
-  if algo.loss == "ppo_clip":
-    tok_loss, ratio, low, high = losses.ppo_clip_token_loss(
-        logp_bt, batch.behaviour_logprobs, adv, algo.eps_low, algo.eps_high)
-  elif algo.loss == "reinforce":
-    tok_loss = losses.reinforce_token_loss(logp_bt, adv)
-  elif algo.loss == "asymre":
-    # Group mean reward V̂ recovered from the GRPO-free identity r − A_dr = mean; the
-    # loop stores Dr.GRPO-style centred advantages for asymre, so V̂ = r − A.
-    tok_loss = losses.asymre_token_loss(logp_bt, batch.rewards, batch.rewards - adv,
-                                        algo.delta_v)
+  spec = AlgoSpec.from_config(algo)
+  value_params = ref_params = None
+  if spec.uses_value_head:
+    value_params = value.init_value_params(nnx.merge(graphdef, params).cfg.d_model)
+  if spec.uses_reference:
+    ref_params = jax.tree.map(jnp.copy, params)
+  trainable = params if value_params is None else (params, value_params)
+  return TrainState(params=params, opt_state=optimizer.init(trainable), step=jnp.int32(0),
+                    skipped=jnp.int32(0), value_params=value_params, ref_params=ref_params)
+
+
+def _whiten(x_bt, mask_bt):
+  """Masked (x − mean)/std; only centred when the spread is ~0 (no amplified residue)."""
+  mean = losses.masked_mean(x_bt, mask_bt)
+  c = jnp.where(mask_bt, x_bt - mean, 0.0)
+  std = jnp.sqrt(losses.masked_mean(c * c, mask_bt))
+  return jnp.where(std > 1e-4, c / jnp.maximum(std, 1e-4), c)
+
+
+def objective(spec: AlgoSpec, logp_bt, entropy_bt, batch: Rollout, weights_b, staleness_b, *,
+              prox_logp_bt=None, ref_logp_bt=None, values_bt=None,
+              start_values_bt=None) -> tuple[jax.Array, dict]:
+  """The full learner loss as a function of the policy's per-token outputs.
+
+  Args:
+    spec: validated ``AlgoSpec``.
+    logp_bt: [B, T] float32 current log-probs (differentiable). entropy_bt: [B, T].
+    batch: Rollout with B rows (uses completion_mask, behaviour_logprobs, advantages,
+      rewards, truncated).
+    weights_b: [B] float32 sampling-correction weights (1 for uniform sampling).
+    staleness_b: [B] int32 policy versions between generation and now.
+    prox_logp_bt: [B, T] proximal log-probs for ``decoupled`` (default: sg(logp), the
+      policy at the start of this update).
+    ref_logp_bt: [B, T] reference log-probs; required when ``spec.kl_coef > 0``.
+    values_bt: [B, T] critic values (differentiable); required for ``gae``.
+    start_values_bt: [B, T] critic values at the start of the learner step (GAE
+      bootstrap and value-clip anchor; default sg(values)).
+
+  Returns:
+    (scalar loss, metrics dict of float32 scalars).
+
+  Raises:
+    ValueError: a required input is missing.
+  """
+  mask = losses.loss_mask(batch.completion_mask, batch.truncated, spec.mask_truncated)
+  mu = batch.behaviour_logprobs
+  tr = weights_lib.adaptive_trust_region(staleness_b, spec.eps_low, spec.eps_high, spec.is_cap,
+                                         spec.staleness_target, spec.staleness_fn,
+                                         spec.staleness_rate)
+  w_b = weights_b.astype(jnp.float32) * tr.weight
+  kl_bt = None
+  if spec.uses_reference:
+    if ref_logp_bt is None:
+      raise ValueError("algo.kl_coef > 0 needs reference log-probs (TrainState.ref_params)")
+    kl_bt = losses.kl_estimate(logp_bt, ref_logp_bt, spec.kl_estimator)
+
+  metrics = {}
+  if spec.uses_value_head:
+    if values_bt is None:
+      raise ValueError("algo.advantage='gae' needs critic values (TrainState.value_params)")
+    v_start = sg(values_bt) if start_values_bt is None else sg(start_values_bt)
+    rew_bt = adv_lib.terminal_rewards(batch.rewards, mask)
+    if kl_bt is not None and spec.kl_mode == "reward":
+      rew_bt = rew_bt - spec.kl_coef * sg(kl_bt)
+    adv, ret_bt = adv_lib.gae(rew_bt, v_start, mask, spec.gae_gamma, spec.gae_lambda)
+    adv = sg(_whiten(adv, mask) if spec.gae_whiten else adv)
+    v_loss = value.clipped_value_loss(values_bt, v_start, ret_bt, spec.value_clip)
+    metrics.update(value_loss=losses.masked_mean(v_loss, mask),
+                   value_mean=losses.masked_mean(sg(values_bt), mask),
+                   return_mean=losses.masked_mean(ret_bt, mask))
   else:
-    raise ValueError(f"algo.loss={algo.loss!r} is not one of {losses.LOSSES}")
-  tok_loss = tok_loss * weights_b[:, None]
-  loss = losses.aggregate(tok_loss, mask, algo.aggregation, algo.horizon or None)
-  log_ratio = logp_bt - batch.behaviour_logprobs
-  metrics = {
-      "ratio_mean": losses.masked_mean(ratio, mask),
-      "ratio_max": jnp.max(jnp.where(mask, ratio, 0.0)),
-      "clip_frac_low": losses.masked_mean(low.astype(jnp.float32), mask),
-      "clip_frac_high": losses.masked_mean(high.astype(jnp.float32), mask),
-      # k3 estimator of KL(μ ‖ π) on tokens sampled from μ (Schulman 2020).
-      "kl_behaviour": losses.masked_mean(jnp.exp(log_ratio) - 1.0 - log_ratio, mask),
-  }
-  metrics["clip_frac"] = metrics["clip_frac_low"] + metrics["clip_frac_high"]
+    adv = batch.advantages
+
+  name = spec.loss
+  if name == "ppo_clip":
+    pg, info = losses.ppo_clip_loss(logp_bt, mu, adv, tr.eps_low, tr.eps_high)
+  elif name == "tis":
+    pg, info = losses.tis_loss(logp_bt, mu, adv, tr.cap)
+  elif name == "decoupled":
+    prox = sg(logp_bt) if prox_logp_bt is None else prox_logp_bt
+    pg, info = losses.decoupled_loss(logp_bt, mu, prox, adv, tr.eps_low, tr.eps_high, tr.cap)
+  elif name == "gspo":
+    pg, info = losses.gspo_loss(logp_bt, mu, mask, adv, tr.eps_low, tr.eps_high)
+  elif name in ("asymre", "reinforce"):
+    if name == "asymre":  # stored advantages are Dr.GRPO's r − V̂ (see docs), so V̂ = r − A
+      pg = losses.asymre_loss(logp_bt, batch.rewards, batch.rewards - adv, spec.delta_v)
+    else:
+      pg = losses.reinforce_loss(logp_bt, adv)
+    none = jnp.zeros(logp_bt.shape, bool)
+    info = losses.LossInfo(jnp.exp(sg(logp_bt) - mu), none, none)
+  else:
+    raise ValueError(f"algo.loss={name!r} is not one of {losses.LOSSES}")
+
+  keep = losses.ratio_in_range(sg(jnp.exp(logp_bt - mu)), spec.ratio_mask_c)
+  tok = jnp.where(keep, pg, 0.0)
+  if kl_bt is not None and spec.kl_mode == "loss":
+    tok = tok + spec.kl_coef * kl_bt
+  if spec.entropy_coef:
+    tok = tok - spec.entropy_coef * entropy_bt
+  loss = losses.aggregate(w_b[:, None] * tok, mask, spec.aggregation, spec.horizon)
+  if spec.uses_value_head:
+    loss = loss + spec.vf_coef * losses.aggregate(w_b[:, None] * v_loss, mask,
+                                                  spec.aggregation, spec.horizon)
+
+  metrics.update(diagnostics.step_metrics(
+      ratio_bt=sg(info.ratio), behaviour_log_ratio_bt=sg(logp_bt) - mu,
+      clipped_low_bt=info.clipped_low, clipped_high_bt=info.clipped_high,
+      entropy_bt=sg(entropy_bt), mask_bt=mask, staleness_b=staleness_b,
+      edges=spec.staleness_buckets))
+  metrics.update(
+      pg_loss=losses.aggregate(sg(w_b[:, None] * jnp.where(keep, pg, 0.0)), mask,
+                               spec.aggregation, spec.horizon),
+      ratio_masked_frac=losses.masked_mean((~keep).astype(jnp.float32), mask),
+      ess_sample_weights=diagnostics.effective_sample_size(w_b, jnp.ones(w_b.shape, bool)),
+      staleness_weight_mean=tr.weight.mean(), eps_high_mean=tr.eps_high.mean())
+  if kl_bt is not None:
+    metrics["kl_ref"] = losses.masked_mean(sg(kl_bt), mask)
   return loss, metrics
+
+
+def policy_loss(logp_bt, batch: Rollout, weights_b, algo, staleness_b=None):
+  """Back-compatible wrapper: ``objective`` with entropy 0 and fresh data by default.
+
+  Returns:
+    (scalar loss, metrics dict).
+  """
+  spec = AlgoSpec.from_config(algo)
+  if staleness_b is None:
+    staleness_b = jnp.zeros(batch.rewards.shape, jnp.int32)
+  return objective(spec, logp_bt, jnp.zeros_like(logp_bt), batch, weights_b, staleness_b)
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, algo,
                     temperature: float) -> Callable:
-  """Builds the jitted ``train_step(state, batch, weights) -> (state, metrics)``.
+  """Builds the jitted ``train_step(state, batch, weights, staleness=None) -> (state, metrics)``.
 
-  The state is donated (no parameter-sized copy per call).
+  The state is donated (no parameter-sized copy per call). ``staleness`` [B] int32
+  defaults to ``state.step − batch.policy_version``. ``weights`` [B] are the
+  sampling-correction weights (``weights.sampling_weights``; ones for uniform). Each
+  call takes ``update_epochs × num_minibatches`` optimizer steps over fixed contiguous
+  minibatches and advances the policy version ``step`` by one. Metrics are merged
+  over those steps by ``diagnostics.combine_updates`` (``skipped_update`` is 1 if any
+  was skipped).
 
   Args:
     graphdef: the policy graph (static).
     optimizer: optax transformation whose state is ``state.opt_state``.
-    algo: the ``algo`` ConfigDict (see ``policy_loss``).
+    algo: the ``algo`` ConfigDict (see ``AlgoSpec``).
     temperature: sampling temperature used for the behaviour log-probs (> 0).
+
+  Raises:
+    ValueError: invalid ``algo`` (at build time); B not divisible by
+      ``num_minibatches`` or a missing value head / reference (at trace time).
   """
+  spec = AlgoSpec.from_config(algo)
+  n_updates = spec.update_epochs * spec.num_minibatches
 
-  def loss_fn(params, batch, weights):
-    logp, ent = token_logprobs(graphdef, params, batch.tokens, batch.attention_mask, temperature)
-    loss, metrics = policy_loss(logp, batch, weights, algo)
-    metrics["entropy"] = losses.masked_mean(ent, batch.completion_mask)
-    return loss, metrics
+  def forward(params, value_params, batch):
+    if value_params is None:
+      logp, ent = token_logprobs(graphdef, params, batch.tokens, batch.attention_mask, temperature)
+      return logp, ent, None
+    return policy_and_values(graphdef, params, value_params, batch.tokens,
+                             batch.attention_mask, temperature)
 
-  @jax.jit
-  def train_step(state: TrainState, batch: Rollout, weights: jax.Array):
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, weights)
-    gnorm = optax.global_norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-    updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-    state = TrainState(params=keep(new_params, state.params), opt_state=keep(new_opt, state.opt_state),
-                       step=state.step + 1, skipped=state.skipped + (~finite).astype(jnp.int32))
-    metrics.update(loss=loss, grad_norm=gnorm, skipped_update=(~finite).astype(jnp.float32))
+  def loss_fn(trainable, batch, w, stale, prox, ref, v_start):
+    params, value_params = trainable if spec.uses_value_head else (trainable, None)
+    logp, ent, values = forward(params, value_params, batch)
+    return objective(spec, logp, ent, batch, w, stale, prox_logp_bt=prox, ref_logp_bt=ref,
+                     values_bt=values, start_values_bt=v_start)
+
+  def train_step(state: TrainState, batch: Rollout, weights=None, staleness=None):
+    b = batch.rewards.shape[0]
+    if b % spec.num_minibatches:
+      raise ValueError(f"train.batch_size={b} must be divisible by "
+                       f"algo.num_minibatches={spec.num_minibatches}")
+    if spec.uses_value_head and state.value_params is None:
+      raise ValueError("algo.advantage='gae' needs TrainState.value_params "
+                       "(build the state with init_train_state)")
+    if spec.uses_reference and state.ref_params is None:
+      raise ValueError("algo.kl_coef > 0 needs TrainState.ref_params "
+                       "(build the state with init_train_state)")
+    weights = jnp.ones((b,), jnp.float32) if weights is None else weights
+    if staleness is None:
+      staleness = state.step - batch.policy_version
+    staleness = staleness.astype(jnp.int32)
+    ref = prox = v_start = None
+    if spec.uses_reference:
+      ref, _ = token_logprobs(graphdef, state.ref_params, batch.tokens, batch.attention_mask,
+                              temperature)
+      ref = sg(ref)
+    if n_updates > 1 and (spec.loss == "decoupled" or spec.uses_value_head):
+      prox, _, v_start = jax.tree.map(sg, forward(state.params, state.value_params, batch))
+    data = (batch, weights, staleness, prox, ref, v_start)
+    trainable = state.params if not spec.uses_value_head else (state.params,
+                                                               state.value_params)
+    idx = jnp.tile(jnp.arange(b).reshape(spec.num_minibatches, -1), (spec.update_epochs, 1))
+
+    def one_update(carry, idx_m):
+      trainable, opt_state, skipped = carry
+      mb = jax.tree.map(lambda x: x[idx_m], data)
+      (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, *mb)
+      gnorm = optax.global_norm(grads)
+      finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+      updates, new_opt = optimizer.update(grads, opt_state, trainable)
+      new_trainable = optax.apply_updates(trainable, updates)
+      keep = lambda new, old: jax.tree.map(lambda a, c: jnp.where(finite, a, c), new, old)
+      metrics.update(loss=loss, grad_norm=gnorm, skipped_update=(~finite).astype(jnp.float32))
+      return (keep(new_trainable, trainable), keep(new_opt, opt_state),
+              skipped + (~finite).astype(jnp.int32)), metrics
+
+    (trainable, opt_state, skipped), per_update = jax.lax.scan(
+        one_update, (trainable, state.opt_state, state.skipped), idx)
+    metrics = diagnostics.combine_updates(per_update, spec.update_epochs)
+    params, value_params = trainable if spec.uses_value_head else (trainable, state.value_params)
+    state = state.replace(params=params, value_params=value_params, opt_state=opt_state,
+                          step=state.step + 1, skipped=skipped)
     return state, metrics
 
   return jax.jit(train_step, donate_argnums=(0,))
