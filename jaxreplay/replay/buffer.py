@@ -114,12 +114,13 @@ def init(example_items: Any, capacity: int) -> BufferState:
     raise ValueError(f"buffer.capacity={capacity!r} is invalid: must be an int >= 1")
   items = jax.tree.map(lambda x: jnp.zeros((capacity,) + tuple(x.shape[1:]), x.dtype),
                        example_items)
-  zeros = jnp.zeros((capacity,), jnp.int32)
-  fzeros = jnp.zeros((capacity,), jnp.float32)
-  return BufferState(items=items, policy_version=zeros, insert_step=zeros, times_sampled=zeros,
-                     last_sampled_step=zeros - 1, reward=fzeros, advantage=fzeros,
-                     valid=jnp.zeros((capacity,), bool), write_index=jnp.int32(0),
-                     size=jnp.int32(0), total_inserted=jnp.int32(0))
+  # Every field its own buffer (a shared one could not be donated twice).
+  zeros = lambda dtype=jnp.int32: jnp.zeros((capacity,), dtype)
+  return BufferState(items=items, policy_version=zeros(), insert_step=zeros(),
+                     times_sampled=zeros(), last_sampled_step=jnp.full((capacity,), -1, jnp.int32),
+                     reward=zeros(jnp.float32), advantage=zeros(jnp.float32), valid=zeros(bool),
+                     write_index=jnp.array(0, jnp.int32), size=jnp.array(0, jnp.int32),
+                     total_inserted=jnp.array(0, jnp.int32))
 
 
 def _per_item(values, items, field: str, n: int) -> jax.Array:
@@ -485,14 +486,14 @@ def make_replay_buffer(capacity: int, batch_size: int,
   if not isinstance(capacity, int) or capacity < 1:
     raise ValueError(f"buffer.capacity={capacity!r} is invalid: must be an int >= 1")
   cfg.validate_for(capacity, batch_size)
-  add_fn = jax.jit(add, donate_argnums=0)
-  sample_fn = jax.jit(functools.partial(sample, batch_size=batch_size, cfg=cfg),
-                      donate_argnums=0)
+
+  def sample_fn(state, key, current_version, step):
+    return sample(state, key, batch_size, current_version, step, cfg)
+
   return ReplayBuffer(
       init=functools.partial(init, capacity=capacity),
-      add=add_fn,
-      sample=lambda state, key, current_version, step: sample_fn(
-          state, key, current_version=current_version, step=step),
+      add=jax.jit(add, donate_argnums=0),
+      sample=jax.jit(sample_fn, donate_argnums=0),
       can_sample=functools.partial(can_sample, batch_size=batch_size, cfg=cfg),
       probabilities=jax.jit(functools.partial(probabilities, batch_size=batch_size, cfg=cfg)),
       cfg=cfg,
