@@ -400,7 +400,8 @@ class Transformer(nnx.Module):
     return self._logits(x)
 
   def step(self, tokens: jax.Array, positions: jax.Array, token_valid: jax.Array,
-           cache: KVCache, cache_index: jax.Array) -> tuple[jax.Array, KVCache]:
+           cache: KVCache, cache_index: jax.Array, last_only: bool = False
+           ) -> tuple[jax.Array, KVCache]:
     """Prefill (T > 1) or decode (T = 1) against the cache.
 
     Args:
@@ -409,9 +410,11 @@ class Transformer(nnx.Module):
       token_valid: [B, T] bool, False for padding (never attended to).
       cache: KVCache with S slots.
       cache_index: int32 scalar.
+      last_only: compute logits for the last query only (prefill that only needs the
+        next-token distribution skips the T × V output projection).
 
     Returns:
-      (logits [B, T, V] float32, updated cache).
+      (logits [B, T, V] float32 — [B, 1, V] with ``last_only`` — and the updated cache).
     """
     t = tokens.shape[1]
     s = cache.valid.shape[1]
@@ -430,4 +433,6 @@ class Transformer(nnx.Module):
         cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], at)
         return ck[i], cv[i]
       x = blk(x, positions, attn_mask, kv_write)
+    if last_only:
+      x = x[:, -1:]
     return self._logits(x), KVCache(k=ck, v=cv, valid=valid)
