@@ -101,14 +101,21 @@ def step_metrics(*, ratio_bt, behaviour_log_ratio_bt, clipped_low_bt, clipped_hi
         "tokens": m.astype(jnp.float32).sum(),
     }
 
-  out = block(mask_bt)
+  # All selections (overall + one per bucket) go through one vmapped ``block``, which
+  # keeps the traced graph — and the compile time — independent of the bucket count.
   s = staleness_b.astype(jnp.int32)
-  for k, name in enumerate(bucket_names(edges)):
+  names = bucket_names(edges)
+  sel = [jnp.ones_like(s, bool)]
+  for k in range(len(edges)):
     in_b = s >= edges[k]
     if k + 1 < len(edges):
       in_b &= s < edges[k + 1]
-    for key, v in block(mask_bt & in_b[:, None]).items():
-      out[f"stale/{name}/{key}"] = v
+    sel.append(in_b)
+  masks = mask_bt[None] & jnp.stack(sel)[:, :, None]  # [1 + K, B, T]
+  stacked = jax.vmap(block)(masks)
+  out = {key: v[0] for key, v in stacked.items()}
+  for k, name in enumerate(names):
+    out.update({f"stale/{name}/{key}": v[k + 1] for key, v in stacked.items()})
   return out
 
 

@@ -307,7 +307,8 @@ def aggregate(loss_bt, mask_bt, mode: str, horizon: int | float = 0) -> jax.Arra
     token_mean: Σ loss·m / Σ m (DAPO, Yu et al. 2025 eq. 8).
     seq_mean_token_mean: mean over sequences with ≥ 1 token of each one's token mean
       (GRPO, Shao et al. 2024 eq. 3).
-    seq_mean_token_sum: mean over sequences of Σ_t loss·m.
+    seq_mean_token_sum: mean over all B sequences of Σ_t loss·m (a fully masked row
+      counts as 0, so the normaliser B is constant).
     seq_mean_token_sum_norm: the same divided by the constant ``horizon`` (Dr. GRPO,
       Liu et al. 2025 §3.1: the max response length).
   A batch with no valid token gives exactly 0.
