@@ -150,3 +150,51 @@ def test_gae_matches_direct_sum_on_random_rows(gamma, lam):
   if gamma == 1.0 and lam == 1.0:  # Monte-Carlo return: the reward-to-go
     togo = np.cumsum(rew[:, ::-1], 1)[:, ::-1] * mask
     np.testing.assert_allclose(ret, togo, atol=1e-5)
+
+
+def test_gae_objective_2x4_loss_and_gradients():
+  """GAE through the learner objective on the 2 × 4 example (no whitening, ratio 1).
+
+  Advantages from ``test_gae_2x4_by_hand``; returns R = A + V. With ``ppo_clip`` at ratio
+  1 the policy term is −Σ A_t·r_t / 5 (value −ΣA/5, gradient −A_t/5); the value term is
+  vf · ½ Σ (V − R)² / 5 = vf · ½ Σ A² / 5 with gradient vf · (V − R)/5 = −vf·A_t/5.
+  """
+  from jaxreplay.rl import update
+  from jaxreplay.rollout import Rollout
+  val = np.array([[0.5, 0.2, 0.8, 9.0], [0.1, -0.3, 9.0, 9.0]], np.float32)
+  a = np.array([[-0.0455, 0.61, 0.2, 0], [-0.685, -0.7, 0, 0]], np.float32)
+  batch = Rollout(tokens=jnp.zeros((2, 4), jnp.int32), attention_mask=jnp.asarray(MASK),
+                  completion_mask=jnp.asarray(MASK), behaviour_logprobs=jnp.asarray(LOGP),
+                  rewards=jnp.array([1.0, -1.0]), advantages=jnp.zeros(2),
+                  group_id=jnp.zeros(2, jnp.int32), policy_version=jnp.zeros(2, jnp.int32),
+                  truncated=jnp.zeros(2, bool))
+  spec = update.AlgoSpec.from_config(dict(advantage="gae", gae_gamma=0.9, gae_lambda=0.5,
+                                          gae_whiten=False, vf_coef=0.5, value_clip=0.2))
+
+  def f(lp, v):
+    return update.objective(spec, lp, jnp.zeros_like(lp), batch, jnp.ones(2),
+                            jnp.zeros(2, jnp.int32), values_bt=v)
+
+  (loss, m), (g_lp, g_v) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(
+      jnp.asarray(LOGP), jnp.asarray(val))
+  want_loss = -a.sum() / 5 + 0.5 * 0.5 * (a ** 2).sum() / 5
+  assert float(loss) == pytest.approx(want_loss, abs=1e-6)
+  np.testing.assert_allclose(g_lp, -a * MASK / 5, atol=1e-6)
+  np.testing.assert_allclose(g_v, -0.5 * a * MASK / 5, atol=1e-6)
+  assert float(m["value_loss"]) == pytest.approx(0.5 * (a ** 2).sum() / 5, abs=1e-6)
+
+
+def test_clipped_value_loss_by_hand_and_check_grads():
+  from jax.test_util import check_grads
+  from jaxreplay.rl import value
+  # V_old = 0, R = 1, ε = 0.2. V = 0.5: unclipped ½·0.25, clipped branch ½·(0.2 − 1)² = 0.32
+  # → 0.32 with zero gradient (the clip is active). V = 0.1: both branches ½·0.81 (inside
+  # the clip range), gradient V − R = −0.9. V = −0.5: unclipped ½·2.25 = 1.125 dominates.
+  v = jnp.array([[0.5, 0.1, -0.5]])
+  zero, one = jnp.zeros((1, 3)), jnp.ones((1, 3))
+  f = lambda x: value.clipped_value_loss(x, zero, one, 0.2)
+  np.testing.assert_allclose(f(v), [[0.32, 0.405, 1.125]], rtol=1e-6)
+  np.testing.assert_allclose(jax.grad(lambda x: f(x).sum())(v), [[0.0, -0.9, -1.5]], rtol=1e-6)
+  check_grads(lambda x: f(x).sum(), (v,), order=1, modes=("rev",), eps=1e-3, atol=2e-3,
+              rtol=2e-3)
+  np.testing.assert_allclose(value.clipped_value_loss(v, zero, one, 0.0), 0.5 * (v - 1) ** 2)

@@ -1,0 +1,150 @@
+"""The jitted train step on a tiny transformer: call-site compatibility, metrics,
+staleness, non-finite skips, GAE value head, KL reference, decoupled epochs, and equal
+parameter gradients at ratio 1."""
+
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxreplay.models.transformer import Transformer, TransformerConfig
+from jaxreplay.rl import update, value
+from jaxreplay.rollout import Rollout
+
+B, T = 4, 6
+CFG = TransformerConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                        head_dim=8, d_ff=32)
+REQUIRED = ("loss", "grad_norm", "skipped_update", "entropy", "clip_frac", "clip_frac_low",
+            "clip_frac_high", "ratio_mean", "kl_behaviour")
+
+
+def default_algo():
+  path = os.path.join(os.path.dirname(__file__), "..", "configs", "default.py")
+  spec = importlib.util.spec_from_file_location("_default_cfg_for_rl_tests", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config().algo
+
+
+@pytest.fixture(scope="module")
+def model_and_batch():
+  model = Transformer(CFG, nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  tokens = jax.random.randint(jax.random.key(1), (B, T), 1, 16)
+  attn = jnp.ones((B, T), bool)
+  comp = jnp.zeros((B, T), bool).at[:, 3:].set(True).at[3, 5].set(False)
+  logp, _ = update.token_logprobs(graphdef, params, tokens, attn)
+  batch = Rollout(tokens=tokens, attention_mask=attn, completion_mask=comp,
+                  behaviour_logprobs=jnp.where(comp, logp, 0.0),
+                  rewards=jnp.array([1.0, 0.0, 1.0, 0.0]),
+                  advantages=jnp.array([1.0, -1.0, 0.5, -0.5]),
+                  group_id=jnp.zeros(B, jnp.int32), policy_version=jnp.array([0, 0, -1, -3]),
+                  truncated=jnp.zeros(B, bool))
+  return model, graphdef, params, batch
+
+
+def fresh(params):
+  return jax.tree.map(jnp.copy, params)
+
+
+def test_forward_with_hidden_matches_model(model_and_batch):
+  model, _, _, batch = model_and_batch
+  norm = model.final_norm
+  logits, hidden = value.forward_with_hidden(model, batch.tokens, batch.attention_mask)
+  np.testing.assert_array_equal(logits, model(batch.tokens, batch.attention_mask))
+  assert hidden.shape == (B, T, CFG.d_model) and model.final_norm is norm
+  head = value.ValueHead(CFG.d_model)
+  head.w[...] = jnp.arange(CFG.d_model, dtype=jnp.float32)
+  v = value.token_values(head, hidden)
+  np.testing.assert_allclose(v[:, 1:], hidden[:, :-1] @ jnp.arange(CFG.d_model, dtype=jnp.float32),
+                             rtol=1e-5)
+  assert float(jnp.abs(v[:, 0]).max()) == 0.0
+  assert nnx.graphdef(value.ValueHead(3)) == value.value_graphdef()
+
+
+def test_equal_parameter_gradients_at_ratio_one(model_and_batch):
+  _, graphdef, params, batch = model_and_batch
+  names = ("ppo_clip", "tis", "decoupled", "reinforce")
+  specs = [update.AlgoSpec.from_config({"loss": n}) for n in names]
+  zero = jnp.zeros(B, jnp.int32)
+
+  @jax.jit
+  def grads(p):
+    def f(p, sp):
+      logp, ent = update.token_logprobs(graphdef, p, batch.tokens, batch.attention_mask)
+      return update.objective(sp, logp, ent, batch, jnp.ones(B), zero)[0]
+    return [jax.grad(f)(p, sp) for sp in specs]
+
+  gs = grads(params)
+  flat = [np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)]) for g in gs]
+  assert np.linalg.norm(flat[0]) > 1e-3
+  for name, g in zip(names[1:], flat[1:]):
+    np.testing.assert_allclose(g, flat[0], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_train_step_default_config_metrics_staleness_and_skips(model_and_batch):
+  _, graphdef, params, batch = model_and_batch
+  algo = default_algo()
+  opt = update.make_optimizer(1e-2, 0, 1.0)
+  p0 = fresh(params)
+  state = update.TrainState(params=p0, opt_state=opt.init(p0), step=jnp.int32(0),
+                            skipped=jnp.int32(0))
+  step = update.make_train_step(graphdef, opt, algo, 1.0)
+  before = fresh(p0)
+  state, m = step(state, batch, jnp.ones(B))
+  for k in REQUIRED:
+    assert k in m and m[k].shape == (), k
+  assert int(state.step) == 1 and int(state.skipped) == 0 and float(m["skipped_update"]) == 0
+  assert float(m["ratio_mean"]) == pytest.approx(1.0, abs=1e-5)  # fresh data: ratio 1
+  # Staleness = step − policy_version = [0, 0, 1, 3]: completion tokens per bucket.
+  assert float(m["stale/s0/tokens"]) == 6 and float(m["stale/s1/tokens"]) == 3
+  assert float(m["stale/s2-3/tokens"]) == 2 and float(m["stale/s8+/tokens"]) == 0
+  moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), state.params, before)
+  assert max(jax.tree.leaves(moved)) > 0
+  # A non-finite behaviour log-prob: the update is skipped and counted.
+  kept = fresh(state.params)
+  bad = batch.replace(behaviour_logprobs=batch.behaviour_logprobs.at[0, 4].set(jnp.nan))
+  state, m = step(state, bad, jnp.ones(B))  # same signature: no recompilation
+  assert float(m["skipped_update"]) == 1.0 and int(state.skipped) == 1 and int(state.step) == 2
+  same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), state.params, kept)
+  assert all(jax.tree.leaves(same))
+
+
+def test_gae_kl_decoupled_epochs(model_and_batch):
+  _, graphdef, params, batch = model_and_batch
+  algo = dict(advantage="gae", loss="decoupled", kl_coef=0.05, kl_estimator="k3",
+              update_epochs=2, num_minibatches=2, gae_gamma=1.0, gae_lambda=0.9, vf_coef=0.5)
+  opt = update.make_optimizer(3e-2, 0, 1.0)
+  state = update.init_train_state(graphdef, fresh(params), opt, algo)
+  assert state.value_params is not None and state.ref_params is not None
+  ref0 = fresh(state.ref_params)
+  step = update.make_train_step(graphdef, opt, algo, 1.0)
+  state, m = step(state, batch, jnp.ones(B))
+  assert np.isfinite(float(m["loss"])) and float(m["skipped_update"]) == 0
+  assert float(jnp.abs(state.value_params["w"][...]).max()) > 0  # the critic learned
+  same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), state.ref_params, ref0)
+  assert all(jax.tree.leaves(same))  # the reference is frozen
+  for k in ("value_loss", "kl_ref", "return_mean"):
+    assert k in m
+  # π_prox is the policy at the start of the learner step: the first minibatch update
+  # sees ratio π/π_prox = 1 exactly, later ones do not.
+  assert float(m["ratio_min"]) < 1.0 or float(m["ratio_max"]) > 1.0
+
+
+def test_missing_reference_or_value_head_raises(model_and_batch):
+  _, graphdef, params, batch = model_and_batch
+  opt = update.make_optimizer(1e-3, 0, 1.0)
+  plain = update.TrainState(params=params, opt_state=opt.init(params), step=jnp.int32(0),
+                            skipped=jnp.int32(0))
+  with pytest.raises(ValueError, match="ref_params"):
+    update.make_train_step(graphdef, opt, {"kl_coef": 0.1}, 1.0)(plain, batch, jnp.ones(B))
+  with pytest.raises(ValueError, match="value_params"):
+    update.make_train_step(graphdef, opt, {"advantage": "gae"}, 1.0)(plain, batch, jnp.ones(B))
+  with pytest.raises(ValueError, match="num_minibatches"):
+    update.make_train_step(graphdef, opt, {"num_minibatches": 3}, 1.0)(plain, batch, jnp.ones(B))
+  with pytest.raises(ValueError, match=r"algo\.loss='ppo2'"):
+    update.make_train_step(graphdef, opt, {"loss": "ppo2"}, 1.0)
