@@ -19,8 +19,8 @@ def get_config():
       name="chain_sum",
       seed=1234,
       train_size=20000,
-      heldout_size=600,
-      kwargs=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2),
+      heldout_size=1000,  # before deduplication against train
+      kwargs=dict(min_terms=2, max_terms=4, min_digits=1, max_digits=1),
       prompt_template="{expression} =",  # the instruction is constant; "{question}" keeps it
       train_path="",
       heldout_path="",

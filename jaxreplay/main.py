@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from absl import app, logging
 from ml_collections import config_flags
 
@@ -13,6 +15,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py",
 def main(argv) -> None:
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
+  if os.environ.get("JAXREPLAY_DISTRIBUTED"):  # multi-host pods (launch/tpu_pod.sh)
+    import jax
+    jax.distributed.initialize()
   from jaxreplay.train.loop import run  # after flag parsing: keeps --help fast
   s = run(_CONFIG.value)
   print("\n=== jaxreplay summary ===")

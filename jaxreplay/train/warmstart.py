@@ -26,12 +26,13 @@ from jaxreplay.models.tokenizer import encode_answers
 from jaxreplay.rl.update import make_optimizer, token_logprobs
 
 
-def noisy_answers(answers, noise: float, seed: int) -> list[str]:
+def noisy_answers(answers, noise: float, rng: np.random.Generator) -> list[str]:
   """Replaces a fraction ``noise`` of integer answers by a near miss (±1, ±2 or ±10).
 
-  Non-integer answers are kept. Deterministic in ``seed``.
+  Non-integer answers are kept. Called per batch, so the same question gets fresh
+  noise each time it is seen: the policy learns a distribution that puts about
+  ``1 − noise`` on the right answer instead of memorising fixed wrong labels.
   """
-  rng = np.random.default_rng(seed)
   out = []
   for a in answers:
     if rng.random() < noise:
@@ -53,19 +54,21 @@ def base_policy_key(cfg) -> str:
   return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def sft_batches(io, examples, answers, batch_size: int, max_new_tokens: int, seed: int):
-  """Endless (tokens [B, T], attention_mask [B, T], completion_mask [B, T]) numpy batches."""
+def sft_batches(io, examples, batch_size: int, max_new_tokens: int, noise: float, seed: int):
+  """Endless (tokens [B, T], attention_mask [B, T], completion_mask [B, T]) numpy batches
+  of prompts with (noisy) answers; deterministic in ``seed``."""
   rng = np.random.default_rng(seed)
   n = len(examples)
   while True:
     idx = rng.integers(0, n, batch_size)
     p, pm, _ = io.prompts([examples[i] for i in idx])
-    a, am = encode_answers(io.tok, [answers[i] for i in idx], max_new_tokens)
+    answers = noisy_answers([examples[i].answer for i in idx], noise, rng)
+    a, am = encode_answers(io.tok, answers, max_new_tokens)
     yield (np.concatenate([p, a], 1), np.concatenate([pm, am], 1),
            np.concatenate([np.zeros_like(pm), am], 1))
 
 
-def train_base_policy(cfg, io, task, log=print):
+def train_base_policy(cfg, io, task, log=print, callback=None):
   """Trains the base policy by supervised learning; returns (graphdef, params, info)."""
   mcfg = TransformerConfig(**cfg.model.to_dict())
   model = Transformer(mcfg, nnx.Rngs(cfg.seed))
@@ -85,15 +88,16 @@ def train_base_policy(cfg, io, task, log=print):
     upd, opt_state = opt.update(g, opt_state, params)
     return optax.apply_updates(params, upd), opt_state, loss
 
-  answers = noisy_answers([e.answer for e in task.train], ws.label_noise, cfg.seed)
-  batches = sft_batches(io, task.train, answers, ws.batch_size, cfg.sampler.max_new_tokens,
-                        cfg.seed)
+  batches = sft_batches(io, task.train, ws.batch_size, cfg.sampler.max_new_tokens,
+                        ws.label_noise, cfg.seed)
   t0 = time.time()
   loss = float("nan")
   for i in range(ws.steps):
     params, opt_state, loss = step(params, opt_state, *next(batches))
     if (i + 1) % max(ws.steps // 5, 1) == 0:
       log(f"warm start {i + 1}/{ws.steps}: loss {float(loss):.3f} ({time.time() - t0:.0f}s)")
+      if callback is not None:
+        callback(i + 1, params)
   return graphdef, params, {"sft_loss": float(loss), "sft_seconds": time.time() - t0}
 
 

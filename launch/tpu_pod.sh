@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Multi-host TPU pod: run the same command on every worker, e.g.
+#   gcloud compute tpus tpu-vm ssh NAME --worker=all --command "cd jaxreplay && bash launch/tpu_pod.sh configs/default.py"
+# JAX discovers the pod topology itself on TPU VMs (jax.distributed.initialize()).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv && . .venv/bin/activate
+pip install -q -e . "jax[tpu]>=0.10,<0.11"
+CONFIG=${1:-configs/default.py}; shift || true
+JAXREPLAY_DISTRIBUTED=1 python -m jaxreplay.main --config "$CONFIG" "$@"
