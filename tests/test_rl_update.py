@@ -32,12 +32,12 @@ def default_algo():
 
 @pytest.fixture(scope="module")
 def model_and_batch():
-  model = Transformer(CFG, nnx.Rngs(0))
-  graphdef, params = nnx.split(model)
+  graphdef, params = nnx.split(nnx.jit(lambda: Transformer(CFG, nnx.Rngs(0)))())
+  model = nnx.merge(graphdef, params)
   tokens = jax.random.randint(jax.random.key(1), (B, T), 1, 16)
   attn = jnp.ones((B, T), bool)
   comp = jnp.zeros((B, T), bool).at[:, 3:].set(True).at[3, 5].set(False)
-  logp, _ = update.token_logprobs(graphdef, params, tokens, attn)
+  logp, _ = jax.jit(update.token_logprobs, static_argnums=0)(graphdef, params, tokens, attn)
   batch = Rollout(tokens=tokens, attention_mask=attn, completion_mask=comp,
                   behaviour_logprobs=jnp.where(comp, logp, 0.0),
                   rewards=jnp.array([1.0, 0.0, 1.0, 0.0]),
