@@ -26,6 +26,9 @@ def _items(n, start=0, rewards=None, advantages=None):
 
 _sample = jax.jit(replay.sample, static_argnames=("batch_size", "cfg"))
 _add = jax.jit(replay.add)
+_probs = jax.jit(replay.probabilities, static_argnames=("batch_size", "cfg"))
+_batch_stats = jax.jit(stats.batch_stats, static_argnames="num_bins")
+_buffer_stats = jax.jit(stats.buffer_stats, static_argnames="num_bins")
 
 
 # --- insertion and wrap-around ------------------------------------------------------------
@@ -81,13 +84,13 @@ def test_sample_updates_use_counters_and_statistics():
   ts = np.ones(4, np.int32)
   ts[np.asarray(r.indices)] = 2
   np.testing.assert_array_equal(s.times_sampled, ts)
-  b = stats.batch_stats(r, num_bins=4)
+  b = _batch_stats(r, num_bins=4)
   assert float(b["frac_never_used"]) == 0.0 and float(b["replay_count_mean"]) == 2.0
   assert float(b["steps_since_last_use_mean"]) == 3.0
   np.testing.assert_array_equal(b["steps_since_last_use_hist"], [0, 0, 0, 2])
   np.testing.assert_array_equal(b["staleness_hist"], np.bincount(
       np.minimum(np.asarray(r.staleness), 3), minlength=4))
-  bs = stats.buffer_stats(s, num_bins=4)
+  bs = _buffer_stats(s, num_bins=4)
   np.testing.assert_array_equal(bs["times_sampled_hist"], [0, 2, 2, 0])
   assert float(bs["times_sampled_mean"]) == 1.5
 
@@ -98,16 +101,18 @@ def test_sample_updates_use_counters_and_statistics():
 def test_positive_bias_example_exact():
   cfg = SamplerConfig(sampler="positive_bias", positive_bias_size=8, positive_bias_delta=0.75)
   assert (cfg.num_fresh_any, cfg.num_fresh_correct) == (2, 6)
-  for capacity in (12, 16, 13):  # different ring offsets; rollouts r1..r12 inserted in order
+  for capacity in (12, 13):  # rollouts r1..r12 inserted in order, one at a time
     s = replay.init(_items(1), capacity)
-    if capacity == 13:  # make the ring wrap: 5 junk items first, then r1..r12
-      s = replay.add(s, _items(5, start=100), jnp.zeros(5), 0)
-    for j in range(12):  # one at a time, as a stream
+    if capacity == 13:  # make the ring wrap: 5 older items first, then r1..r12
+      s = replay.add(s, _items(5, start=100, rewards=np.ones(5, np.float32)), jnp.zeros(5), 0)
+    for j in range(12):
       s = _add(s, _items(1, start=j + 1, rewards=CORRECT_12[j:j + 1]), jnp.array([j]), j)
-    p = replay.probabilities(s, 12, 8, cfg)
-    eligible = sorted(np.asarray(s.items["id"])[np.asarray(p) > 0].tolist())
-    assert eligible == [2, 4, 6, 7, 9, 10, 11, 12]
-    np.testing.assert_allclose(np.asarray(p)[np.asarray(p) > 0], 1 / 8)
+    if capacity == 12:
+      p = np.asarray(_probs(s, 12, batch_size=8, cfg=cfg))
+      eligible = sorted(np.asarray(s.items["id"])[p > 0].tolist())
+      assert eligible == [2, 4, 6, 7, 9, 10, 11, 12]
+      np.testing.assert_allclose(p[p > 0], 1 / 8)
+    # B = N = 8 without replacement: the batch is the eligible set itself
     _, r = _sample(s, jax.random.key(3), batch_size=8, current_version=12, step=12, cfg=cfg)
     assert sorted(np.asarray(r.items["id"]).tolist()) == [2, 4, 6, 7, 9, 10, 11, 12]
 
@@ -132,7 +137,7 @@ def test_case8_priority_probabilities_and_draws():
   s = replay.init(_items(1), 3)
   s = replay.add(s, _items(3, advantages=np.array([1.0, -2.0, 3.0], np.float32)),
                  jnp.zeros(3), 0)
-  p = np.asarray(replay.probabilities(s, 0, 1, cfg))
+  p = np.asarray(_probs(s, 0, batch_size=1, cfg=cfg))
   np.testing.assert_allclose(p, [1 / 6, 1 / 3, 1 / 2], atol=1e-6)
   assert abs(p.sum() - 1) < 1e-6
   draws = jax.jit(jax.vmap(lambda k: replay.sample(s, k, 1000, 0, 0, cfg)[1].indices))(
@@ -142,7 +147,7 @@ def test_case8_priority_probabilities_and_draws():
   # capacity 5, all priorities 1: the newest item (slot 4) has probability 0.2, not 0
   s5 = replay.init(_items(1), 5)
   s5 = replay.add(s5, _items(5, advantages=np.ones(5, np.float32)), jnp.zeros(5), 0)
-  np.testing.assert_allclose(replay.probabilities(s5, 0, 1, cfg), 0.2, atol=1e-7)
+  np.testing.assert_allclose(_probs(s5, 0, batch_size=1, cfg=cfg), 0.2, atol=1e-7)
 
 
 @pytest.mark.parametrize("cfg", [
@@ -159,7 +164,7 @@ def test_case8_probabilities_sum_to_one_and_zero_on_empty(cfg):
   s = replay.add(s, _items(7, rewards=CORRECT_12[:7], advantages=np.linspace(-1, 2, 7)),
                  jnp.arange(7), 0)
   s, _ = replay.sample(s, jax.random.key(0), 2, 7, 1)  # some used items for fresh_first
-  p = np.asarray(replay.probabilities(s, 7, 2, cfg))
+  p = np.asarray(_probs(s, 7, batch_size=2, cfg=cfg))
   assert abs(p.sum() - 1) < 1e-6
   np.testing.assert_array_equal(p[7:], 0.0)
 
@@ -186,7 +191,7 @@ def test_case13_through_the_priority_sampler():
   s = replay.init(_items(1), 4)
   s = replay.add(s, _items(4, advantages=np.array([1.0, -2.0, 3.0, 4.0], np.float32)),
                  jnp.zeros(4), 0)
-  np.testing.assert_allclose(replay.probabilities(s, 0, 1, cfg), [0.1, 0.2, 0.3, 0.4],
+  np.testing.assert_allclose(_probs(s, 0, batch_size=1, cfg=cfg), [0.1, 0.2, 0.3, 0.4],
                              atol=1e-6)
   _, r = _sample(s, jax.random.key(0), batch_size=64, current_version=0, step=0, cfg=cfg)
   expect = np.array([1.0, 0.7578583, 0.6443940, 0.5743492])[np.asarray(r.indices)]
@@ -270,7 +275,7 @@ def test_group_mode_samples_whole_aligned_groups():
     np.testing.assert_array_equal(ids - ids[:, :1], [[0, 1, 2, 3]] * 2)
   s = replay.add(s, _items(6, start=8), jnp.zeros(6), 1)  # 2 of block 0 overwritten (12, 13)
   # blocks: [12,13,2,3] (mixed groups, but all valid), [4..7], [8..11]
-  p = np.asarray(replay.probabilities(s, 0, 4, cfg))
+  p = np.asarray(_probs(s, 0, batch_size=4, cfg=cfg))
   np.testing.assert_allclose(p, 1 / 12)
   with pytest.raises(ValueError, match="group_size"):
     SamplerConfig(group_size=2, sampler="recency")

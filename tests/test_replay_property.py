@@ -82,7 +82,7 @@ def _decode(kind, a, b):
   return "tick", 0, 0
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
+@settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(OPS, min_size=6, max_size=24), seed=st.integers(0, 2**16))
 def test_matches_numpy_reference(ops, seed):

@@ -47,8 +47,8 @@ def _chi_square(counts, probs, batch):
 
 
 CASES = {
-    "uniform_small_path": (SamplerConfig(), {}, 8),      # n = 24 <= 4B: Gumbel top-k window
-    "uniform_large_path": (SamplerConfig(), {}, 4),      # n = 24 > 4B: redraw duplicates
+    "uniform": (SamplerConfig(), {}, 8),  # contiguous O(B) path; both distinct_ranks paths
+                                          # are tested on whole subsets below
     "uniform_holes": (SamplerConfig(), {"holes": True}, 4),  # masked O(C) path
     "uniform_replace": (SamplerConfig(replace=True), {}, 4),
     "recency_exponential": (SamplerConfig(sampler="recency", recency_temperature=3.0), {}, 4),

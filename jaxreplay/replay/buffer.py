@@ -315,25 +315,26 @@ def _draw_uniform_family(state: BufferState, key: jax.Array, batch_size: int,
   draw = ((lambda key, n: jax.random.randint(key, (k,), 0, jnp.maximum(n, 1), jnp.int32))
           if cfg.replace else (lambda key, n: S.distinct_ranks(key, n, k)))
 
-  def masked(key):
+  if cfg.sampler == "uniform" and g == 1:
+    n = state.size
+    rank = draw(key, n)
+
+    def contiguous(rank):  # O(B): the valid slots are the last `size` written, no holes
+      return ((state.write_index - n + rank) % c).astype(jnp.int32)
+
+    idx = lax.cond(_is_contiguous(state), contiguous,
+                   lambda rank: S.select_ranked(state.valid, rank), rank)
+  else:
     eligible = _eligible(state, cfg)
     if g > 1:
       eligible_blocks = eligible.reshape(-1, g)[:, 0]
       n_blocks = eligible_blocks.sum(dtype=jnp.int32)
       blocks = S.select_ranked(eligible_blocks, draw(key, n_blocks))
       idx = (blocks[:, None] * g + jnp.arange(g, dtype=jnp.int32)).reshape(-1)
-      return idx, n_blocks * g
-    n = eligible.sum(dtype=jnp.int32)
-    return S.select_ranked(eligible, draw(key, n)), n
-
-  def contiguous(key):  # O(B): the valid slots are the last `size` written, no holes
-    rank = draw(key, state.size)
-    return ((state.write_index - state.size + rank) % c).astype(jnp.int32), state.size
-
-  if cfg.sampler == "uniform" and g == 1:
-    idx, n = lax.cond(_is_contiguous(state), contiguous, masked, key)
-  else:
-    idx, n = masked(key)
+      n = n_blocks * g
+    else:
+      n = eligible.sum(dtype=jnp.int32)
+      idx = S.select_ranked(eligible, draw(key, n))
   probs = jnp.full((batch_size,), 1.0, jnp.float32) / jnp.maximum(n, 1).astype(jnp.float32)
   return idx, probs
 

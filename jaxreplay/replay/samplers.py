@@ -50,17 +50,14 @@ def distinct_ranks(key: jax.Array, n: jax.Array, k: int) -> jax.Array:
     return lax.top_k(g, k)[1].astype(jnp.int32)
 
   def large(key):
-    key, sub = jax.random.split(key)
-    r = jax.random.randint(sub, (k,), 0, n, jnp.int32)
+    def body(carry):  # (re)draw the positions still marked; one RNG call site (fast compile)
+      i, r, redo = carry
+      new = jax.random.randint(jax.random.fold_in(key, i), (k,), 0, n, jnp.int32)
+      r = jnp.where(redo, new, r)
+      return i + 1, r, later_duplicates(r)
 
-    def body(carry):
-      r, key, dup = carry
-      key, sub = jax.random.split(key)
-      r = jnp.where(dup, jax.random.randint(sub, (k,), 0, n, jnp.int32), r)
-      return r, key, later_duplicates(r)
-
-    r, _, _ = lax.while_loop(lambda c: c[2].any(), body, (r, key, later_duplicates(r)))
-    return r
+    init = (jnp.int32(0), jnp.zeros((k,), jnp.int32), jnp.ones((k,), bool))
+    return lax.while_loop(lambda c: c[2].any(), body, init)[1]
 
   r = lax.cond(n <= window, small, large, key)
   return jnp.clip(r, 0, jnp.maximum(n, 1) - 1)
