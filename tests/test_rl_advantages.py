@@ -198,3 +198,27 @@ def test_clipped_value_loss_by_hand_and_check_grads():
   check_grads(lambda x: f(x).sum(), (v,), order=1, modes=("rev",), eps=1e-3, atol=2e-3,
               rtol=2e-3)
   np.testing.assert_allclose(value.clipped_value_loss(v, zero, one, 0.0), 0.5 * (v - 1) ** 2)
+
+
+def test_gae_with_kl_reward_penalty_by_hand():
+  """kl_mode='reward': r_t = terminal reward − β·k1_t, no KL gradient.
+
+  k1 = logp − ref = 0.2 on every token, β = 0.5 → penalty 0.1 per token. γ = λ = 1 and
+  V = 0 make A_t the reward-to-go: row 0 r = [−0.1, −0.1, 0.9] → A = [0.7, 0.8, 0.9];
+  row 1 r = [−0.1, −1.1] → A = [−1.2, −1.1]. At ratio 1 the gradient is −A_t/5.
+  """
+  from jaxreplay.rl import update
+  from jaxreplay.rollout import Rollout
+  batch = Rollout(tokens=jnp.zeros((2, 4), jnp.int32), attention_mask=jnp.asarray(MASK),
+                  completion_mask=jnp.asarray(MASK), behaviour_logprobs=jnp.asarray(LOGP),
+                  rewards=jnp.array([1.0, -1.0]), advantages=jnp.zeros(2),
+                  group_id=jnp.zeros(2, jnp.int32), policy_version=jnp.zeros(2, jnp.int32),
+                  truncated=jnp.zeros(2, bool))
+  spec = update.AlgoSpec.from_config(dict(advantage="gae", gae_gamma=1.0, gae_lambda=1.0,
+                                          gae_whiten=False, kl_coef=0.5, kl_estimator="k1",
+                                          kl_mode="reward"))
+  g = jax.grad(lambda lp: update.objective(
+      spec, lp, jnp.zeros_like(lp), batch, jnp.ones(2), jnp.zeros(2, jnp.int32),
+      ref_logp_bt=jnp.asarray(LOGP) - 0.2, values_bt=jnp.zeros((2, 4)))[0])(jnp.asarray(LOGP))
+  a = np.array([[0.7, 0.8, 0.9, 0], [-1.2, -1.1, 0, 0]], np.float32)
+  np.testing.assert_allclose(g, -a / 5, atol=1e-6)

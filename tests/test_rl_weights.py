@@ -250,6 +250,9 @@ def test_invalid_combinations():
     spec(aggregation="seq_mean_token_sum_norm")
   with pytest.raises(ValueError, match="gspo"):
     spec(advantage="gae", loss="gspo")
+  with pytest.raises(ValueError, match=r"algo\.kl_mode='reward'"):
+    spec(kl_coef=0.1, kl_mode="reward")
+  assert spec(kl_coef=0.1, kl_mode="reward", advantage="gae").kl_mode == "reward"
   with pytest.raises(ValueError, match="staleness_buckets"):
     spec(staleness_buckets=(1, 2))
   assert dataclasses.replace(spec(), loss="tis").loss == "tis"

@@ -141,6 +141,11 @@ class AlgoSpec:
       raise ValueError(f"algo.loss={self.loss!r} needs a sequence-level advantage; "
                        f"algo.advantage='gae' is per token (use one of "
                        f"{adv_lib.GROUP_ESTIMATORS})")
+    if self.kl_coef > 0 and self.kl_mode == "reward" and self.advantage != "gae":
+      raise ValueError(
+          f"algo.kl_mode='reward' with algo.advantage={self.advantage!r} must penalise rewards "
+          "at generation time (losses.kl_penalised_rewards), which the loop does not do yet: "
+          "use algo.kl_mode='loss' or algo.advantage='gae'")
     if self.update_epochs < 1 or self.num_minibatches < 1:
       raise ValueError(f"algo.update_epochs={self.update_epochs} and algo.num_minibatches="
                        f"{self.num_minibatches} must be >= 1")
@@ -410,7 +415,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
       trainable, opt_state, skipped = carry
       mb = jax.tree.map(lambda x: x[idx_m], data)
       (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, *mb)
-      gnorm = optax.global_norm(grads)
+      gnorm = optax.tree.norm(grads)
       finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
       updates, new_opt = optimizer.update(grads, opt_state, trainable)
       new_trainable = optax.apply_updates(trainable, updates)
