@@ -173,17 +173,19 @@ def add(state: BufferState, items: Any, policy_version: jax.Array, step: jax.Arr
       keep, (items, policy_version, rewards, advantages))
   start = (state.write_index + (n_in - n)) % c
   idx = ((start + jnp.arange(n, dtype=jnp.int32)) % c).astype(jnp.int32)
-  overwritten = state.valid[idx].sum(dtype=jnp.int32)
-  put = lambda buf, new: buf.at[idx].set(new.astype(buf.dtype))
+  overwritten = state.valid.at[idx].get(mode="promise_in_bounds").sum(dtype=jnp.int32)
+  # idx: N <= C distinct in-range slots, so XLA may scatter without collision handling.
+  put = lambda buf, new: buf.at[idx].set(new.astype(buf.dtype), unique_indices=True,
+                                         mode="promise_in_bounds")
   return state.replace(
       items=jax.tree.map(put, state.items, items),
       policy_version=put(state.policy_version, policy_version),
-      insert_step=state.insert_step.at[idx].set(jnp.asarray(step, jnp.int32)),
-      times_sampled=state.times_sampled.at[idx].set(0),
-      last_sampled_step=state.last_sampled_step.at[idx].set(-1),
+      insert_step=put(state.insert_step, jnp.full((n,), step, jnp.int32)),
+      times_sampled=put(state.times_sampled, jnp.zeros((n,), jnp.int32)),
+      last_sampled_step=put(state.last_sampled_step, jnp.full((n,), -1, jnp.int32)),
       reward=put(state.reward, rewards),
       advantage=put(state.advantage, advantages),
-      valid=state.valid.at[idx].set(True),
+      valid=put(state.valid, jnp.ones((n,), bool)),
       write_index=((start + n) % c).astype(jnp.int32),
       size=(state.size + n - overwritten).astype(jnp.int32),
       total_inserted=(state.total_inserted + n_in).astype(jnp.int32),
@@ -379,19 +381,23 @@ def sample(state: BufferState, key: jax.Array, batch_size: int, current_version:
   else:
     idx, probs = _draw_uniform_family(state, key, batch_size, cfg)
     weights = jnp.ones((batch_size,), jnp.float32)
-  before = state.times_sampled[idx]
-  last = state.last_sampled_step[idx]
+  get = lambda x: x.at[idx].get(mode="promise_in_bounds")  # idx in [0, C) by construction
+  before = get(state.times_sampled)
+  last = get(state.last_sampled_step)
   result = SampleResult(
-      items=jax.tree.map(lambda x: x[idx], state.items),
+      items=jax.tree.map(get, state.items),
       indices=idx,
       probs=probs,
       weights=weights,
-      staleness=(current_version - state.policy_version[idx]).astype(jnp.int32),
+      staleness=(current_version - get(state.policy_version)).astype(jnp.int32),
       times_sampled_before=before,
       steps_since_last_use=jnp.where(last < 0, -1, step - last).astype(jnp.int32),
   )
-  state = state.replace(times_sampled=state.times_sampled.at[idx].add(1),
-                        last_sampled_step=state.last_sampled_step.at[idx].set(step))
+  unique = not cfg.replace and cfg.sampler not in ("recency", "priority")
+  state = state.replace(
+      times_sampled=state.times_sampled.at[idx].add(1, mode="promise_in_bounds"),
+      last_sampled_step=state.last_sampled_step.at[idx].set(
+          jnp.full((batch_size,), step), unique_indices=unique, mode="promise_in_bounds"))
   if cfg.max_times_sampled is not None:
     state = evict(state, current_version, SamplerConfig(max_times_sampled=cfg.max_times_sampled))
   return state, result
