@@ -13,7 +13,7 @@ from jaxreplay.models.logit_processing import (nucleus_keep, process_logits,
 from jaxreplay.parallel import make_mesh, spec_for
 from jaxreplay.rl.update import token_logprobs
 from jaxreplay.sampling import generate, postprocess_stops
-from jaxreplay.sampling.generate import sample_token
+from jaxreplay.sampling.generate import categorical, sample_token
 
 PAD = 0
 # A tiny model with every family feature switched on (GQA, biases, QK-norm, untied head).
@@ -89,6 +89,23 @@ def test_sampled_frequencies_follow_the_truncated_distribution():
   np.testing.assert_allclose(np.asarray(flp - lp), np.log(0.95), atol=1e-6)
 
 
+def test_inverse_cdf_categorical_matches_softmax_with_padding_blocks_and_minus_inf():
+  v = 300  # 17 blocks of 18 slots: the last block is padded
+  logits = np.asarray(jax.random.normal(jax.random.key(2), (v,))) * 2.0
+  logits[::3] = -np.inf  # a third of the vocabulary is impossible
+  n = 40000
+  tok, logp = categorical(jax.random.key(3), jnp.tile(jnp.asarray(logits, jnp.float32), (n, 1)))
+  tok = np.asarray(tok)
+  assert not np.isin(tok, np.arange(0, v, 3)).any()
+  p = np.exp(np.asarray(logp[0]))
+  np.testing.assert_allclose(p, np.asarray(jax.nn.softmax(jnp.asarray(logits))), atol=1e-6)
+  freq = np.bincount(tok, minlength=v) / n
+  assert np.abs(freq - p).max() < 4 * np.sqrt(p.max() / n)  # ~4 standard errors
+  # A row with a single finite logit always draws it.
+  one = jnp.full((5, v), -jnp.inf).at[:, v - 1].set(0.0)
+  assert (np.asarray(categorical(jax.random.key(4), one)[0]) == v - 1).all()
+
+
 # ---------------------------------------------------------------- shared generation
 # One compiled sampler serves most tests: 8 left-padded prompts of mixed lengths (P = 6),
 # stop ids {2, 7}, temperature 1.2, M = 12. Row 1 is CASES 1's row B prompt [31].
@@ -102,9 +119,16 @@ tlp = jax.jit(token_logprobs, static_argnums=(0, 4))
 def sampled(policy):
   graphdef, params = policy
   toks, mask = left_pad(PROMPTS, P_WIDTH)
-  g = generate(graphdef, params, toks, mask, jax.random.key(0), max_new_tokens=M,
-               temperature=TEMP, eos_ids=STOPS, pad_id=PAD)
-  return toks, mask, g
+  # The first seed whose batch has a row stopped by the secondary id 7 and a truncated
+  # row, so that CASES 2 is exercised (same compiled program for every seed).
+  for seed in range(50):
+    key = jax.random.key(seed)
+    g = generate(graphdef, params, toks, mask, key, max_new_tokens=M, temperature=TEMP,
+                 eos_ids=STOPS, pad_id=PAD)
+    last = np.asarray(g.tokens)[np.arange(len(PROMPTS)), np.asarray(g.length) - 1]
+    if (last == 7).any() and np.asarray(g.truncated).any():
+      return toks, mask, g, key
+  raise AssertionError("no seed exercised stop id 7")
 
 
 # ---------------------------------------------------------------- CASES 2: several stop ids
@@ -119,7 +143,7 @@ def test_postprocess_stops_cases2():
 
 
 def test_sampler_honours_every_stop_id(sampled):
-  _, _, g = sampled
+  _, _, g, _ = sampled
   t, m, lp = np.asarray(g.tokens), np.asarray(g.mask), np.asarray(g.logprobs)
   stopped_on_7 = truncated = 0
   for r in range(t.shape[0]):
@@ -157,7 +181,7 @@ def test_left_padding_positions_and_logprobs_cases1(policy, sampled):
 
   # The KV-cache sampler's stored log-probs for row B (prompt [31], left-padded to
   # width 6) equal a clean forward pass of [31, completion] alone.
-  _, _, g = sampled
+  _, _, g, _ = sampled
   n = int(g.length[1])
   seq = jnp.concatenate([jnp.asarray([31]), g.tokens[1, :n]])[None]
   clean, _ = token_logprobs(graphdef, params, seq, jnp.ones_like(seq, bool), TEMP)
@@ -167,7 +191,7 @@ def test_left_padding_positions_and_logprobs_cases1(policy, sampled):
 # ---------------------------------------------------------------- sampler vs trainer
 def test_sampler_logprobs_equal_trainer_logprobs(policy, sampled):
   graphdef, params = policy
-  toks, mask, g = sampled
+  toks, mask, g, _ = sampled
   full = jnp.concatenate([toks, g.tokens], 1)
   attn = jnp.concatenate([mask, g.mask], 1)
   logp, _ = tlp(graphdef, params, full, attn, TEMP)
@@ -219,9 +243,9 @@ def test_sharded_generation_matches_one_device(policy, sampled):
   if jax.device_count() < 8:
     pytest.skip("needs 8 (fake) devices; see tests/conftest.py")
   graphdef, params = policy
-  toks, mask, g1 = sampled  # generated on one device (mesh=None)
+  toks, mask, g1, key = sampled  # generated on one device (mesh=None)
   mesh8 = make_mesh(data=2, fsdp=2, tensor=2)
-  g8 = generate(graphdef, params, toks, mask, jax.random.key(0), max_new_tokens=M,
+  g8 = generate(graphdef, params, toks, mask, key, max_new_tokens=M,
                 temperature=TEMP, eos_ids=STOPS, pad_id=PAD, mesh=mesh8)
   assert np.array_equal(np.asarray(g1.tokens), np.asarray(g8.tokens))
   np.testing.assert_allclose(np.asarray(g1.logprobs), np.asarray(g8.logprobs), atol=1e-5)

@@ -1,0 +1,207 @@
+"""Generation throughput: jaxreplay's jitted sampler against Hugging Face ``generate``.
+
+Protocol (issue 6): one tiny random Qwen2 (default 2 layers x 256 hidden, vocab 8192) is
+built with transformers, saved as safetensors and loaded into jaxreplay, so both sides
+run the same weights. A batch of B left-padded prompts of mixed lengths (<= P tokens)
+generates exactly M new tokens (no stop id; multinomial sampling at temperature 1, no
+top-k/top-p on either side). After a warm-up (compilation) the two run interleaved
+(ours, HF, ours, HF, ...) for ``--rounds`` rounds; we report the median tokens/s of each
+and the median of the per-round ratios.
+
+Roofline: the decode step time of jaxreplay (from runs with M and with 1 new token, so
+the prefill cancels) against a floor max(parameter bytes / measured memory bandwidth,
+step FLOPs / measured matmul throughput). Bandwidth is a large NumPy copy (bytes read +
+written per second); matmul throughput is a jitted float32 [B, D] x [D, 4D]-shaped
+product at the decode batch size, and a square 1024^3 one (the better of the two is
+used, so the floor is optimistic).
+
+Usage: python bench/generate.py [--layers 2 --hidden 256 --batch 32 --new 64 --rounds 5]
+Keep other work off the machine while it runs: results on a shared CPU vary ~2x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def parse():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--layers", type=int, default=2)
+  p.add_argument("--hidden", type=int, default=256)
+  p.add_argument("--heads", type=int, default=4)
+  p.add_argument("--kv_heads", type=int, default=2)
+  p.add_argument("--ffn", type=int, default=1024)
+  p.add_argument("--vocab", type=int, default=8192)
+  p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--prompt", type=int, default=32, help="max prompt length P (tokens)")
+  p.add_argument("--new", type=int, default=64, help="new tokens M per row")
+  p.add_argument("--rounds", type=int, default=5)
+  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  p.add_argument("--skip_hf", action="store_true", help="only time jaxreplay (e.g. on a GPU)")
+  return p.parse_args()
+
+
+def timed(fn, reps=1):
+  best = float("inf")
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    fn()
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def memory_bandwidth_bytes_s() -> float:
+  """Host memory bandwidth from a 256 MiB NumPy copy (read + write bytes / s), best of 5."""
+  src = np.ones(64 * 2 ** 20, np.float32)
+  dst = np.empty_like(src)
+  t = timed(lambda: np.copyto(dst, src), 5)
+  return 2 * src.nbytes / t
+
+
+def matmul_flops_s(b: int, d: int, dtype) -> float:
+  """Best float matmul throughput of jitted products: decode-shaped and square 1024."""
+  best = 0.0
+  for m, k, n in ((b, d, 4 * d), (1024, 1024, 1024)):
+    x = jnp.ones((m, k), dtype)
+    w = jnp.ones((k, n), dtype)
+    f = jax.jit(lambda x, w: x @ w)
+    f(x, w).block_until_ready()
+    reps = max(3, int(2e9 / (2 * m * k * n)))
+
+    def run():
+      for _ in range(reps):
+        y = f(x, w)
+      y.block_until_ready()
+
+    best = max(best, reps * 2 * m * k * n / timed(run, 3))
+  return best
+
+
+def main():
+  a = parse()
+  from flax import nnx
+
+  from jaxreplay.models import hf
+  from jaxreplay.sampling import generate
+
+  rng = np.random.RandomState(0)
+  lengths = rng.randint(a.prompt // 4, a.prompt + 1, a.batch)
+  toks = np.zeros((a.batch, a.prompt), np.int64)
+  mask = np.zeros((a.batch, a.prompt), bool)
+  for i, n in enumerate(lengths):
+    toks[i, a.prompt - n:] = rng.randint(1, a.vocab, n)
+    mask[i, a.prompt - n:] = True
+
+  tmp = tempfile.mkdtemp(prefix="jaxreplay_bench_")
+  model_hf = None
+  if not a.skip_hf:
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    hcfg = transformers.Qwen2Config(
+        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.ffn,
+        num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+        max_position_embeddings=4096, tie_word_embeddings=True)
+    model_hf = transformers.Qwen2ForCausalLM(hcfg).eval()
+    if a.dtype == "bfloat16":
+      model_hf = model_hf.to(torch.bfloat16)
+    model_hf.save_pretrained(tmp)
+    cfg, graphdef, params = hf.from_pretrained(tmp, dtype=a.dtype, param_dtype=a.dtype)
+  else:
+    from jaxreplay.models import Transformer, TransformerConfig
+    cfg = TransformerConfig(vocab_size=a.vocab, d_model=a.hidden, n_layers=a.layers,
+                            n_heads=a.heads, n_kv_heads=a.kv_heads, head_dim=a.hidden // a.heads,
+                            d_ff=a.ffn, qkv_bias=True, scale_tied_logits=False, dtype=a.dtype,
+                            param_dtype=a.dtype)
+    graphdef, params = nnx.split(Transformer(cfg, nnx.Rngs(0)), nnx.Param)
+
+  jt, jm = jnp.asarray(toks, jnp.int32), jnp.asarray(mask)
+
+  def ours(m=a.new, seed=0):
+    g = generate(graphdef, params, jt, jm, jax.random.key(seed), max_new_tokens=m,
+                 temperature=1.0, eos_ids=(), pad_id=0)
+    g.tokens.block_until_ready()
+    assert int(g.length.min()) == m
+    return g
+
+  def theirs(seed=0):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+      out = model_hf.generate(input_ids=torch.tensor(toks), attention_mask=torch.tensor(mask.astype(np.int64)),
+                              max_new_tokens=a.new, min_new_tokens=a.new, do_sample=True,
+                              temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0, eos_token_id=None)
+    assert out.shape[1] == a.prompt + a.new
+
+  t0 = time.perf_counter()
+  ours()
+  ours(1)
+  compile_s = time.perf_counter() - t0
+  if model_hf is not None:
+    theirs()
+  n_tok = a.batch * a.new
+  ours_s, hf_s, ratios, step_s = [], [], [], []
+  for r in range(a.rounds):
+    t_ours = timed(lambda: ours(seed=r + 1))
+    ours_s.append(t_ours)
+    t_one = timed(lambda: ours(1, seed=r + 1))
+    step_s.append((t_ours - t_one) / (a.new - 1))
+    if model_hf is not None:
+      t_hf = timed(lambda: theirs(seed=r + 1))
+      hf_s.append(t_hf)
+      ratios.append(t_hf / t_ours)
+    print(f"round {r}: jaxreplay {n_tok / t_ours:9.0f} tok/s"
+          + (f"  HF {n_tok / hf_s[-1]:9.0f} tok/s  ratio {ratios[-1]:.2f}" if hf_s else ""),
+          flush=True)
+
+  # Roofline floor of one decode step.
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  itemsize = jnp.dtype(cfg.param_dtype).itemsize
+  d_q, d_kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+  per_layer = cfg.d_model * (2 * d_q + 2 * d_kv) + 3 * cfg.d_model * cfg.d_ff
+  s_avg = a.prompt + a.new / 2
+  attn = 4 * s_avg * d_q  # q.k and p.v per token per layer
+  step_flops = a.batch * (2 * (cfg.n_layers * per_layer + cfg.d_model * cfg.vocab_size)
+                          + cfg.n_layers * attn)
+  bw = memory_bandwidth_bytes_s()
+  fl = matmul_flops_s(a.batch, cfg.d_model, jnp.dtype(a.dtype))
+  t_mem, t_flop = n_params * itemsize / bw, step_flops / fl
+  floor = max(t_mem, t_flop)
+  step = statistics.median(step_s)
+
+  dev = jax.devices()[0]
+  print()
+  print(f"device: {dev.platform} ({dev.device_kind}), jax {jax.__version__}, "
+        f"{os.cpu_count()} cpus" + (f", torch threads {torch.get_num_threads()}" if model_hf else ""))
+  print(f"model: Qwen2 {cfg.n_layers} layers x {cfg.d_model} hidden, heads {cfg.n_heads}/{cfg.n_kv_heads}, "
+        f"ffn {cfg.d_ff}, vocab {cfg.vocab_size}, {n_params / 1e6:.2f}M params, {a.dtype}")
+  print(f"batch {a.batch}, prompts {lengths.min()}-{lengths.max()} tokens (left-padded to {a.prompt}), "
+        f"{a.new} new tokens, sampling T=1; jaxreplay compile {compile_s:.1f}s (excluded)")
+  print()
+  print("| | tokens/s (median of %d) |" % a.rounds)
+  print("|---|---|")
+  print(f"| jaxreplay | {n_tok / statistics.median(ours_s):.0f} |")
+  if hf_s:
+    print(f"| Hugging Face generate | {n_tok / statistics.median(hf_s):.0f} |")
+    print(f"| median ratio (jaxreplay / HF) | {statistics.median(ratios):.2f}x |")
+  print()
+  print(f"decode step: {step * 1e3:.3f} ms measured; roofline floor {floor * 1e3:.3f} ms "
+        f"(params {n_params * itemsize / 1e6:.1f} MB / {bw / 1e9:.1f} GB/s = {t_mem * 1e3:.3f} ms; "
+        f"{step_flops / 1e6:.0f} MFLOP / {fl / 1e9:.1f} GFLOP/s = {t_flop * 1e3:.3f} ms); "
+        f"gap {step / floor:.1f}x")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
