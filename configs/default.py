@@ -43,12 +43,30 @@ def get_config():
   c.sampler = config_dict.ConfigDict(dict(max_new_tokens=6, temperature=1.0))
 
   c.rollout = config_dict.ConfigDict(dict(per_step=64, group_size=8))  # R, G
-  c.buffer = config_dict.ConfigDict(dict(capacity=256, sampler="uniform"))  # N
+  # N = capacity. Samplers: uniform (the paper's), recency, priority, positive_bias,
+  # fresh_first — see jaxreplay/replay/config.py for every field.
+  c.buffer = config_dict.ConfigDict(dict(
+      capacity=256, sampler="uniform", replace=False,
+      recency="exponential", recency_temperature=4.0, recency_p=0.05, recency_beta=0.0,
+      priority_alpha=0.6, priority_beta=0.4, priority_eps=1e-6,
+      positive_bias_delta=0.5, positive_bias_size=config_dict.placeholder(int),
+      correct_threshold=1.0, group_size=1,
+      max_staleness=config_dict.placeholder(int),
+      max_times_sampled=config_dict.placeholder(int),
+  ))
   c.train = config_dict.ConfigDict(dict(steps=150, batch_size=128))  # B
 
   c.algo = config_dict.ConfigDict(dict(
+      # estimators: grpo, dr_grpo, rloo, gae; losses: ppo_clip, tis, decoupled, gspo,
+      # asymre (needs dr_grpo), reinforce — see jaxreplay/rl/update.py AlgoSpec.
       advantage="grpo", loss="ppo_clip", eps_low=0.2, eps_high=0.2,
       aggregation="token_mean", horizon=0, delta_v=-0.1,
+      is_cap=2.0, ratio_mask_c=0.0, mask_truncated=False,
+      kl_coef=0.0, kl_estimator="k3", kl_mode="loss", entropy_coef=0.0,
+      gae_gamma=1.0, gae_lambda=0.95, vf_coef=0.5, value_clip=0.2, gae_whiten=True,
+      staleness_target="none", staleness_fn="inverse", staleness_rate=0.5,
+      staleness_buckets=(0, 1, 2, 4, 8),
+      update_epochs=1, num_minibatches=1,
       lr=3e-4, warmup_steps=10, max_grad_norm=1.0, weight_decay=0.0,
       max_consecutive_skips=10,
   ))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import difflib
 
-from jaxreplay.replay.buffer import SAMPLERS
-from jaxreplay.rl.advantages import ESTIMATORS
-from jaxreplay.rl.losses import AGGREGATIONS, LOSSES
+from jaxreplay import replay
+from jaxreplay.rl.update import AlgoSpec
 
 
 class ConfigError(ValueError):
@@ -40,10 +39,14 @@ def validate(cfg) -> None:
   Raises:
     ConfigError: a value out of range or not among the valid choices.
   """
-  _choice(cfg, "algo.advantage", ESTIMATORS)
-  _choice(cfg, "algo.loss", LOSSES)
-  _choice(cfg, "algo.aggregation", AGGREGATIONS)
-  _choice(cfg, "buffer.sampler", SAMPLERS)
+  try:
+    spec = AlgoSpec.from_config(cfg.algo)
+    replay.from_config(cfg.buffer).validate_for(cfg.buffer.capacity, cfg.train.batch_size)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
+  if cfg.train.batch_size % spec.num_minibatches:
+    _fail("algo.num_minibatches", spec.num_minibatches,
+          f"must divide train.batch_size={cfg.train.batch_size}")
   _choice(cfg, "task.source", ("reasoning_gym", "jsonl"))
   _choice(cfg, "task.on_too_long", ("truncate_left", "skip"))
   r, g = cfg.rollout.per_step, cfg.rollout.group_size

@@ -25,7 +25,8 @@ from jaxreplay import config as config_lib
 from jaxreplay import replay
 from jaxreplay.models.tokenizer import load_or_train_tokenizer
 from jaxreplay.rl.advantages import compute_advantages
-from jaxreplay.rl.update import TrainState, make_optimizer, make_train_step
+from jaxreplay.replay import stats as replay_stats
+from jaxreplay.rl.update import TrainState, init_train_state, make_optimizer, make_train_step
 from jaxreplay.rollout import Rollout, empty_rollout
 from jaxreplay.sampling import generate
 from jaxreplay.tasks import make_task
@@ -37,22 +38,23 @@ from jaxreplay.train.policy import TextIO, score
 from jaxreplay.train.warmstart import base_policy_key, load_or_train_base_policy
 
 
-def make_learner_step(train_step, batch_size: int):
+def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerConfig):
   """Fuses buffer sampling and the update into one jitted function (state, buffer donated).
 
+  The sampler's importance weights (uniform: all 1) and each item's staleness go to
+  the train step; the batch statistics the paper plots come back in the metrics.
+
   Returns:
-    ``learner_step(state, buffer, key) -> (state, buffer, metrics)``.
+    ``learner_step(state, buffer, key) -> (state, buffer, metrics)``; metrics are
+    scalars except ``staleness_hist`` / ``steps_since_last_use_hist`` ([16] int32).
   """
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def learner_step(state: TrainState, buffer: replay.BufferState, key):
-    buffer, s = replay.sample(buffer, key, batch_size, state.step, state.step)
-    weights = jnp.ones((batch_size,), jnp.float32)
-    state, metrics = train_step(state, s.items, weights)
-    stale = s.staleness.astype(jnp.float32)
-    metrics.update(staleness_mean=stale.mean(), staleness_max=stale.max(),
-                   frac_never_used=(s.times_sampled_before == 0).mean(),
-                   trained_tokens=s.items.completion_mask.sum(),
+    buffer, s = replay.sample(buffer, key, batch_size, state.step, state.step, sampler_cfg)
+    state, metrics = train_step(state, s.items, s.weights, s.staleness)
+    metrics.update(replay_stats.batch_stats(s))
+    metrics.update(trained_tokens=s.items.completion_mask.sum(),
                    batch_reward=s.items.rewards.mean())
     return state, buffer, metrics
 
@@ -138,11 +140,12 @@ def run(cfg, log=print) -> dict:
   # --- learner, buffer, RNG --------------------------------------------------------------
   optimizer = make_optimizer(cfg.algo.lr, cfg.algo.warmup_steps, cfg.algo.max_grad_norm,
                              weight_decay=cfg.algo.weight_decay)
-  state = TrainState(params=params, opt_state=optimizer.init(params), step=jnp.int32(0),
-                     skipped=jnp.int32(0))
+  state = init_train_state(graphdef, params, optimizer, cfg.algo)
   buffer = replay.init(empty_rollout(1, cfg.task.prompt_width + m), cfg.buffer.capacity)
+  sampler_cfg = replay.from_config(cfg.buffer)
+  add_to_buffer = jax.jit(replay.add, donate_argnums=(0,))
   train_step = make_train_step(graphdef, optimizer, cfg.algo, cfg.sampler.temperature)
-  learner_step = make_learner_step(train_step, cfg.train.batch_size)
+  learner_step = make_learner_step(train_step, cfg.train.batch_size, sampler_cfg)
   root_key = jax.random.key(cfg.seed)
   counts = dict(generated_tokens=0, generated_rollouts=0, trained_tokens=0, trained_samples=0,
                 zero_adv_group_tokens=0, reward_failures=0, prompts_skipped=0)
@@ -176,7 +179,7 @@ def run(cfg, log=print) -> dict:
     t0 = time.time()
     rollout, gen_metrics = generate_rollouts(cfg, io, task, graphdef, state.params, stream,
                                              key_gen, step, counts)
-    buffer = replay.add(buffer, rollout, rollout.policy_version, jnp.int32(step))
+    buffer = add_to_buffer(buffer, rollout, rollout.policy_version, jnp.int32(step))
     t1 = time.time()
     state, buffer, metrics = learner_step(state, buffer, key_sample)
     metrics = jax.device_get(metrics)
@@ -189,7 +192,8 @@ def run(cfg, log=print) -> dict:
     if consecutive_skips >= cfg.algo.max_consecutive_skips:
       raise RuntimeError(f"{consecutive_skips} consecutive non-finite updates at step {step}; "
                          "lower algo.lr or check the data")
-    record = {**gen_metrics, **{k: float(v) for k, v in metrics.items()}, **counts,
+    hists = {k: metrics.pop(k).tolist() for k in ("staleness_hist", "steps_since_last_use_hist")}
+    record = {**gen_metrics, **{k: float(v) for k, v in metrics.items()}, **counts, **hists,
               "replay_ratio": counts["trained_samples"] / max(counts["generated_rollouts"], 1),
               "buffer_size": int(buffer.size), **timers}
     done = step + 1
