@@ -99,14 +99,14 @@ def categorical(key: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array
     key: PRNG key. logits: [B, V] float32, entries may be -inf (not all of a row).
 
   Returns:
-    (tokens [B] int32, log_softmax(logits) [B, V] float32).
+    (tokens [B] int32, log_softmax(logits)[token] [B] float32).
   """
   b, v = logits.shape
   m = jnp.max(logits, axis=-1, keepdims=True)
   e = jnp.exp(logits - m)  # [B, V], 0 where -inf
-  nb = max(1, int(math.isqrt(v)))  # blocks of width w
-  w = -(-v // nb)
-  e_blk = jnp.pad(e, ((0, 0), (0, nb * w - v))).reshape(b, nb, w)
+  w = 1 << math.isqrt(max(v - 1, 0)).bit_length()  # a power of two >= sqrt(V)
+  nb = -(-v // w)  # blocks of width w
+  e_blk = (e if nb * w == v else jnp.pad(e, ((0, 0), (0, nb * w - v)))).reshape(b, nb, w)
   cb = jnp.cumsum(e_blk.sum(-1), axis=-1)  # [B, nb] cumulative block mass
   z = cb[:, -1]
   u = jax.random.uniform(key, (b,), jnp.float32) * z
@@ -118,7 +118,8 @@ def categorical(key: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array
   # Rounding at a block's end can land on a zero-probability slot: fall back to the argmax.
   ok = (tok < v) & (jnp.take_along_axis(e, jnp.minimum(tok, v - 1)[:, None], -1)[:, 0] > 0)
   tok = jnp.where(ok, tok, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
-  return tok, logits - m - jnp.log(jnp.sum(e, axis=-1, keepdims=True))
+  picked = jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0]
+  return tok, picked - m[:, 0] - jnp.log(z)
 
 
 def sample_token(key: jax.Array, logits: jax.Array, temperature: float, top_k: int = 0,
@@ -139,8 +140,7 @@ def sample_token(key: jax.Array, logits: jax.Array, temperature: float, top_k: i
     lp = take(jax.nn.log_softmax(logits, axis=-1))
     return tok, lp, lp
   dist = process_logits(logits, temperature, top_k, top_p)
-  tok, logp = categorical(key, dist)
-  lp = take(logp)
+  tok, lp = categorical(key, dist)
   if top_k == 0 and top_p >= 1.0:
     return tok, lp, lp
   return tok, lp, take(jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1))
