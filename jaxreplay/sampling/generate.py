@@ -147,7 +147,7 @@ def sample_token(key: jax.Array, logits: jax.Array, temperature: float, top_k: i
 
 
 def _cache_sharding(mesh: Mesh, cache: KVCache) -> KVCache:
-  kv = NamedSharding(mesh, fit_spec(P(None, BATCH_AXES, None, "tensor", None), cache.k.shape, mesh))
+  kv = NamedSharding(mesh, fit_spec(P(None, BATCH_AXES, "tensor", None, None), cache.k.shape, mesh))
   valid = NamedSharding(mesh, fit_spec(P(BATCH_AXES, None), cache.valid.shape, mesh))
   return KVCache(k=kv, v=kv, valid=valid)
 
