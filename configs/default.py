@@ -19,7 +19,7 @@ def get_config():
       name="chain_sum",
       seed=1234,
       train_size=20000,
-      heldout_size=1000,  # before deduplication against train
+      heldout_size=2000,  # before deduplication against train (~740 remain)
       kwargs=dict(min_terms=2, max_terms=4, min_digits=1, max_digits=1),
       prompt_template="{expression} =",  # the instruction is constant; "{question}" keeps it
       train_path="",
@@ -42,11 +42,11 @@ def get_config():
 
   c.sampler = config_dict.ConfigDict(dict(max_new_tokens=6, temperature=1.0))
 
-  c.rollout = config_dict.ConfigDict(dict(per_step=64, group_size=8))  # R, G
+  c.rollout = config_dict.ConfigDict(dict(per_step=128, group_size=8))  # R = 16 prompts × G
   # N = capacity. Samplers: uniform (the paper's), recency, priority, positive_bias,
   # fresh_first — see jaxreplay/replay/config.py for every field.
   c.buffer = config_dict.ConfigDict(dict(
-      capacity=256, sampler="uniform", replace=False,
+      capacity=512, sampler="uniform", replace=False,
       recency="exponential", recency_temperature=4.0, recency_p=0.05, recency_beta=0.0,
       priority_alpha=0.6, priority_beta=0.4, priority_eps=1e-6,
       positive_bias_delta=0.5, positive_bias_size=config_dict.placeholder(int),
@@ -54,7 +54,8 @@ def get_config():
       max_staleness=config_dict.placeholder(int),
       max_times_sampled=config_dict.placeholder(int),
   ))
-  c.train = config_dict.ConfigDict(dict(steps=150, batch_size=128))  # B
+  # B = 2R: each rollout is trained on twice on average; N = 4R: at most 3 versions stale.
+  c.train = config_dict.ConfigDict(dict(steps=200, batch_size=256))  # B
 
   c.algo = config_dict.ConfigDict(dict(
       # estimators: grpo, dr_grpo, rloo, gae; losses: ppo_clip, tis, decoupled, gspo,
@@ -67,11 +68,12 @@ def get_config():
       staleness_target="none", staleness_fn="inverse", staleness_rate=0.5,
       staleness_buckets=(0, 1, 2, 4, 8),
       update_epochs=1, num_minibatches=1,
-      lr=3e-4, warmup_steps=10, max_grad_norm=1.0, weight_decay=0.0,
+      lr=1e-4, warmup_steps=10, lr_schedule="cosine", final_lr_fraction=0.1,
+      max_grad_norm=1.0, weight_decay=0.0,
       max_consecutive_skips=10,
   ))
 
-  c.eval = config_dict.ConfigDict(dict(every=25, num_examples=512, samples_per_example=2))
+  c.eval = config_dict.ConfigDict(dict(every=25, num_examples=1000, samples_per_example=4))
   c.checkpoint = config_dict.ConfigDict(dict(every=50, max_to_keep=2))
   c.log = config_dict.ConfigDict(dict(progress=True, tensorboard=True))
   return c

@@ -12,7 +12,7 @@ _spec.loader.exec_module(_default)
 def get_config():
   c = _default.get_config()
   c.workdir = "runs/onpolicy"
-  c.rollout.per_step = 128
-  c.train.batch_size = 128
-  c.buffer.capacity = 128
+  c.rollout.per_step = 256  # R = B = N: every rollout trained on exactly once, fresh
+  c.train.batch_size = 256
+  c.buffer.capacity = 256
   return c

@@ -44,6 +44,10 @@ def validate(cfg) -> None:
     replay.from_config(cfg.buffer).validate_for(cfg.buffer.capacity, cfg.train.batch_size)
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
+  _choice(cfg, "algo.lr_schedule", ("constant", "cosine"))
+  if cfg.algo.lr_schedule == "cosine" and 0 < cfg.train.steps <= cfg.algo.warmup_steps:
+    _fail("algo.warmup_steps", cfg.algo.warmup_steps,
+          f"must be < train.steps={cfg.train.steps} with algo.lr_schedule='cosine'")
   if cfg.train.batch_size % spec.num_minibatches:
     _fail("algo.num_minibatches", spec.num_minibatches,
           f"must divide train.batch_size={cfg.train.batch_size}")

@@ -18,8 +18,12 @@ def main(argv) -> None:
   if os.environ.get("JAXREPLAY_DISTRIBUTED"):  # multi-host pods (launch/tpu_pod.sh)
     import jax
     jax.distributed.initialize()
+  from jaxreplay.config import ConfigError
   from jaxreplay.train.loop import run  # after flag parsing: keeps --help fast
-  s = run(_CONFIG.value)
+  try:
+    s = run(_CONFIG.value)
+  except ConfigError as e:  # a bad config fails before any compute, without a traceback
+    raise SystemExit(f"jaxreplay: {e}") from None
   print("\n=== jaxreplay summary ===")
   print(f"held-out accuracy, sampled at T={_CONFIG.value.sampler.temperature}: "
         f"{s['acc_sampled_before']:.3f} -> {s['acc_sampled_after']:.3f}")

@@ -55,14 +55,18 @@ def test_rl_improves_the_policy(rl_run):
   wd, s = rl_run
   recs = read_metrics(wd)
   rewards = [r["reward"] for r in recs if "reward" in r]
-  first, last = np.mean(rewards[:10]), np.mean(rewards[-10:])
-  assert last > first + 0.05, (first, last)
+  first, last = np.mean(rewards[:20]), np.mean(rewards[-20:])
+  # measured here: train reward 0.261 -> 0.312, held-out sampled 0.176 -> 0.231,
+  # greedy 0.295 -> 0.319 (configs/small.py, seed 0)
+  assert last > first + 0.03, (first, last)
   assert s["acc_sampled_after"] > s["acc_sampled_before"] + 0.03, s
+  assert s["acc_greedy_after"] >= s["acc_greedy_before"] - 0.03, s
   # accounting: every step generated R rollouts and trained on B of them
-  assert s["generated_rollouts"] == s["steps"] * 64
-  assert recs[-1]["trained_samples"] == s["steps"] * 128
+  assert s["generated_rollouts"] == s["steps"] * 128
+  assert recs[-1]["trained_samples"] == s["steps"] * 256
   assert recs[-1]["replay_ratio"] == pytest.approx(2.0)
   assert 0 < recs[-1]["generated_tokens"] <= s["generated_rollouts"] * 6
+  assert sum(recs[-1]["staleness_hist"]) == 256 and recs[-1]["staleness_max"] <= 3
   assert os.path.isdir(os.path.join(wd, "checkpoints", str(s["steps"])))
 
 
@@ -76,7 +80,7 @@ def test_base_policy_is_cached_and_reused(rl_run, cache_dir, tmp_path):
 
 def test_same_seed_same_metrics_and_exact_resume(cache_dir, tmp_path):
   """Same config + seed twice gives identical metrics; n + resume + n equals 2n straight."""
-  kw = {"train.steps": 6, "eval.every": 3, "checkpoint.every": 3}
+  kw = {"train.steps": 6, "eval.every": 3, "checkpoint.every": 3, "algo.warmup_steps": 2}
   run(small_config(tmp_path / "a", cache_dir, **kw), log=lambda *_: None)
   run(small_config(tmp_path / "b", cache_dir, **kw), log=lambda *_: None)
   a, b = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")

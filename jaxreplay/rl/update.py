@@ -198,10 +198,32 @@ def policy_and_values(graphdef, params, value_params, tokens, attention_mask, te
   return logp, ent, value.token_values(head, hidden)
 
 
+SCHEDULES = ("constant", "cosine")
+
+
 def make_optimizer(lr: float, warmup_steps: int, max_grad_norm: float, b1: float = 0.9,
-                   b2: float = 0.999, weight_decay: float = 0.0) -> optax.GradientTransformation:
-  """Adam(W) with linear warmup to a constant ``lr`` and global-norm clipping (optax)."""
-  sched = optax.linear_schedule(0.0, lr, max(warmup_steps, 1)) if warmup_steps > 0 else lr
+                   b2: float = 0.999, weight_decay: float = 0.0, schedule: str = "constant",
+                   total_steps: int = 0, final_lr_fraction: float = 0.1
+                   ) -> optax.GradientTransformation:
+  """Adam(W) with global-norm clipping and a learning-rate schedule (optax).
+
+  Schedules: ``constant`` — linear warmup over ``warmup_steps`` to ``lr`` then constant
+  (the paper's setting); ``cosine`` — the same warmup, then cosine decay to
+  ``final_lr_fraction · lr`` at ``total_steps`` (optimizer steps).
+
+  Raises:
+    ValueError: unknown ``schedule`` or ``cosine`` with ``total_steps <= warmup_steps``.
+  """
+  if schedule == "constant":
+    sched = optax.linear_schedule(0.0, lr, max(warmup_steps, 1)) if warmup_steps > 0 else lr
+  elif schedule == "cosine":
+    if total_steps <= warmup_steps:
+      raise ValueError(f"algo.lr_schedule='cosine' needs train.steps={total_steps} > "
+                       f"algo.warmup_steps={warmup_steps}")
+    sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup_steps, total_steps,
+                                               end_value=lr * final_lr_fraction)
+  else:
+    raise ValueError(f"algo.lr_schedule={schedule!r} is not one of {SCHEDULES}")
   return optax.chain(optax.clip_by_global_norm(max_grad_norm),
                      optax.adamw(sched, b1=b1, b2=b2, weight_decay=weight_decay))
 

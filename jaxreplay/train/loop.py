@@ -139,7 +139,12 @@ def run(cfg, log=print) -> dict:
 
   # --- learner, buffer, RNG --------------------------------------------------------------
   optimizer = make_optimizer(cfg.algo.lr, cfg.algo.warmup_steps, cfg.algo.max_grad_norm,
-                             weight_decay=cfg.algo.weight_decay)
+                             weight_decay=cfg.algo.weight_decay,
+                             # train.steps == 0 (evaluate only): no update, no schedule
+                             schedule=cfg.algo.lr_schedule if cfg.train.steps else "constant",
+                             total_steps=cfg.train.steps * cfg.algo.update_epochs
+                             * cfg.algo.num_minibatches,
+                             final_lr_fraction=cfg.algo.final_lr_fraction)
   state = init_train_state(graphdef, params, optimizer, cfg.algo)
   buffer = replay.init(empty_rollout(1, cfg.task.prompt_width + m), cfg.buffer.capacity)
   sampler_cfg = replay.from_config(cfg.buffer)

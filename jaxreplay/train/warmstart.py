@@ -74,9 +74,8 @@ def train_base_policy(cfg, io, task, log=print, callback=None):
   model = Transformer(mcfg, nnx.Rngs(cfg.seed))
   graphdef, params = nnx.split(model, nnx.Param)
   ws = cfg.warmstart
-  opt = make_optimizer(ws.lr, ws.warmup_steps, 1.0)
-  opt = optax.chain(opt, optax.scale_by_schedule(
-      optax.cosine_decay_schedule(1.0, max(ws.steps, 1), alpha=0.1)))
+  opt = make_optimizer(ws.lr, ws.warmup_steps, 1.0, schedule="cosine",
+                       total_steps=max(ws.steps, ws.warmup_steps + 1), final_lr_fraction=0.1)
   opt_state = opt.init(params)
 
   @jax.jit
