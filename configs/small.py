@@ -3,17 +3,11 @@
 Smaller decoder (3 layers × 96), smaller splits, 400 warm-start steps, 80 RL steps.
 """
 
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    "jaxreplay_default_config", os.path.join(os.path.dirname(__file__), "default.py"))
-_default = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_default)
+from jaxreplay.config import sibling_config
 
 
 def get_config():
-  c = _default.get_config()
+  c = sibling_config(__file__, "default")
   c.workdir = "runs/small"
   c.task.train_size = 5000
   c.task.heldout_size = 400

@@ -3,9 +3,31 @@
 from __future__ import annotations
 
 import difflib
+import importlib.util
+import os
 
 from jaxreplay import replay
 from jaxreplay.rl.update import AlgoSpec
+
+
+def load_config(path: str):
+  """``get_config()`` of the config file at ``path`` (a Python file).
+
+  Raises:
+    FileNotFoundError: no such file.
+  """
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"config file {path!r} does not exist")
+  spec = importlib.util.spec_from_file_location(
+      "jaxreplay_config_" + os.path.basename(path)[:-3], path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config()
+
+
+def sibling_config(file: str, name: str):
+  """The config ``NAME.py`` next to ``file`` — how presets build on ``configs/default.py``."""
+  return load_config(os.path.join(os.path.dirname(os.path.abspath(file)), name + ".py"))
 
 
 class ConfigError(ValueError):
@@ -39,18 +61,10 @@ def validate(cfg) -> None:
   Raises:
     ConfigError: a value out of range or not among the valid choices.
   """
-  try:
-    spec = AlgoSpec.from_config(cfg.algo)
-    replay.from_config(cfg.buffer).validate_for(cfg.buffer.capacity, cfg.train.batch_size)
-  except ValueError as e:
-    raise ConfigError(f"config.{e}") from None
   _choice(cfg, "algo.lr_schedule", ("constant", "cosine"))
   if cfg.algo.lr_schedule == "cosine" and 0 < cfg.train.steps <= cfg.algo.warmup_steps:
     _fail("algo.warmup_steps", cfg.algo.warmup_steps,
           f"must be < train.steps={cfg.train.steps} with algo.lr_schedule='cosine'")
-  if cfg.train.batch_size % spec.num_minibatches:
-    _fail("algo.num_minibatches", spec.num_minibatches,
-          f"must divide train.batch_size={cfg.train.batch_size}")
   _choice(cfg, "task.source", ("reasoning_gym", "jsonl"))
   _choice(cfg, "task.on_too_long", ("truncate_left", "skip"))
   r, g = cfg.rollout.per_step, cfg.rollout.group_size
@@ -67,6 +81,14 @@ def validate(cfg) -> None:
           f"must be >= train.batch_size={cfg.train.batch_size}")
   if cfg.buffer.capacity < r:
     _fail("buffer.capacity", cfg.buffer.capacity, f"must be >= rollout.per_step={r}")
+  try:
+    spec = AlgoSpec.from_config(cfg.algo)
+    replay.from_config(cfg.buffer).validate_for(cfg.buffer.capacity, cfg.train.batch_size)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
+  if cfg.train.batch_size % spec.num_minibatches:
+    _fail("algo.num_minibatches", spec.num_minibatches,
+          f"must divide train.batch_size={cfg.train.batch_size}")
   if cfg.sampler.temperature <= 0:
     _fail("sampler.temperature", cfg.sampler.temperature, "must be > 0 for training rollouts")
   if cfg.sampler.max_new_tokens < 1:

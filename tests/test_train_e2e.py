@@ -3,13 +3,13 @@
 One tiny base policy is trained once per session (module fixture) and reused.
 """
 
-import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
 
+from jaxreplay.config import load_config
 from jaxreplay.train.loop import run
 from jaxreplay.train.metrics import read_metrics
 
@@ -18,10 +18,7 @@ TIMING = ("generate_s", "train_s", "eval_s")
 
 
 def small_config(workdir, cache_dir, **overrides):
-  spec = importlib.util.spec_from_file_location("cfg", os.path.join(ROOT, "configs", "small.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config()
+  c = load_config(os.path.join(ROOT, "configs", "small.py"))
   c.workdir = str(workdir)
   c.warmstart.cache_dir = str(cache_dir)
   c.log.progress = False

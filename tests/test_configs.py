@@ -1,0 +1,55 @@
+"""Every shipped config validates, and bad values fail before any compute with a clear message."""
+
+import glob
+import os
+
+import pytest
+
+from jaxreplay import config as config_lib
+from jaxreplay.rl.update import AlgoSpec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
+
+
+load = config_lib.load_config
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.basename(p))
+def test_shipped_config_validates(path):
+  c = load(path)
+  config_lib.validate(c)
+  name = os.path.basename(path)[:-3]
+  if name in ("ppo_clip", "tis", "decoupled", "gspo", "asymre", "reinforce"):
+    assert AlgoSpec.from_config(c.algo).loss == name
+
+
+def test_onpolicy_is_n_equals_r_equals_b():
+  c = load(os.path.join(ROOT, "configs", "onpolicy.py"))
+  assert c.buffer.capacity == c.rollout.per_step == c.train.batch_size
+
+
+def test_every_loss_has_a_preset():
+  from jaxreplay.rl.losses import LOSSES
+  names = {os.path.basename(p)[:-3] for p in CONFIGS}
+  assert set(LOSSES) <= names
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("algo.loss", "ppo", "algo.loss='ppo'.*ppo_clip"),
+    ("algo.advantage", "grpo2", "algo.advantage"),
+    ("buffer.sampler", "recent", "buffer.sampler='recent'.*recency"),
+    ("buffer.capacity", 100, "buffer.capacity=100.*train.batch_size=256"),
+    ("rollout.group_size", 1, "rollout.group_size=1"),
+    ("rollout.per_step", 100, "rollout.per_step=100.*multiple of rollout.group_size=8"),
+    ("sampler.temperature", -1.0, "sampler.temperature=-1.0"),
+    ("algo.lr", 0.0, "algo.lr=0.0"),
+    ("task.on_too_long", "drop", "task.on_too_long='drop'"),
+    ("algo.lr_schedule", "linear", "algo.lr_schedule='linear'"),
+])
+def test_bad_values_name_the_field(field, value, match):
+  c = load(os.path.join(ROOT, "configs", "default.py"))
+  sec, name = field.split(".")
+  c[sec][name] = value
+  with pytest.raises(config_lib.ConfigError, match=match):
+    config_lib.validate(c)
