@@ -1,0 +1,135 @@
+"""The paper's optimal buffer design (Arnal et al. 2026, §4 Thm 4.5 and App. 9.3.2).
+
+With compute C = (B + μR)·T fixed and C → ∞, the bound depends on the staleness horizon
+x = N/R (maximum age, in learner steps) and the replay ratio y = B/R (mean uses per
+rollout) through
+
+    J(x, y) = σ̄²(x) · (1 + y/μ) · (1/y + 1/x + ρ),
+
+σ̄²(x) the mean gradient-noise variance over staleness 0..x−1, μ the cost of generating
+one rollout over the cost of training on one, ρ ∈ [0, 1] the correlation constant.
+
+Command line (suggests N and R for a batch size B):
+  python -m jaxreplay.theory --mu 5.28 --rho 0.1 --alpha 0.25 --batch_size 256
+  python -m jaxreplay.theory --run_dir runs/default --rho 0.1 --alpha 0.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from typing import Callable
+
+import numpy as np
+from scipy import optimize
+
+
+def compute_ratio(w_over_t: float, mu: float) -> float:
+  """Per-update cost with a buffer over cost without, γ = (1 + W/T)/(1 + μ) (paper eq. 2).
+
+  Args:
+    w_over_t: inference workers per trainer W/T (> 0). mu: generation/training cost ratio (> 0).
+
+  Raises:
+    ValueError: non-positive inputs.
+  """
+  if w_over_t <= 0 or mu <= 0:
+    raise ValueError(f"W/T={w_over_t} and mu={mu} must be > 0")
+  return (1.0 + w_over_t) / (1.0 + mu)
+
+
+def objective(x: float, y: float, mu: float, rho: float,
+              sigma2_bar: Callable[[float], float]) -> float:
+  """J(x, y) = σ̄²(x)(1 + y/μ)(1/y + 1/x + ρ) (paper Thm 4.5). x, y > 0; unitless."""
+  return sigma2_bar(x) * (1.0 + y / mu) * (1.0 / y + 1.0 / x + rho)
+
+
+def power_law_sigma2_bar(alpha: float, tau: float = 1.0) -> Callable[[float], float]:
+  """σ̄²(x) ≈ (x/τ)^{2α}/(2α+1) for σ(s) = (s/τ)^α (paper App. 9.3.2)."""
+  return lambda x: (x / tau) ** (2 * alpha) / (2 * alpha + 1)
+
+
+def optimal_y(x: float, mu: float, rho: float) -> float:
+  """y*(x) = √(μ / (ρ + 1/x)), the minimiser of J over y at fixed x (paper Thm 4.5)."""
+  return math.sqrt(mu / (rho + 1.0 / x))
+
+
+def optimal_design(mu: float, rho: float, sigma2_bar: Callable[[float], float],
+                   x_max: float = 1e4) -> tuple[float, float]:
+  """General minimiser (x*, y*): x* = argmin_x σ̄²(x)(1/√μ + √(ρ + 1/x))², y* = y*(x*).
+
+  Args:
+    mu: > 0. rho: in [0, 1]. sigma2_bar: non-decreasing σ̄²(x) for x > 0.
+    x_max: upper end of the search (learner steps).
+
+  Returns:
+    (x*, y*) as floats (x* may sit at ``x_max`` when σ̄² grows too slowly to stop it).
+
+  Raises:
+    ValueError: mu <= 0 or rho outside [0, 1].
+  """
+  if mu <= 0 or not 0 <= rho <= 1:
+    raise ValueError(f"mu={mu} must be > 0 and rho={rho} in [0, 1]")
+  f = lambda lx: sigma2_bar(math.exp(lx)) * (1 / math.sqrt(mu) + math.sqrt(rho + math.exp(-lx))) ** 2
+  grid = np.linspace(math.log(1e-3), math.log(x_max), 400)
+  i = int(np.argmin([f(g) for g in grid]))
+  lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+  res = optimize.minimize_scalar(f, bounds=(lo, hi), method="bounded",
+                                 options={"xatol": 1e-10})
+  x = math.exp(res.x)
+  return x, optimal_y(x, mu, rho)
+
+
+def power_law_design(mu: float, rho: float, alpha: float) -> tuple[float, float]:
+  """Closed form for σ(s) = (s/τ)^α, α < 1/2 (paper App. 9.3.2; τ drops out).
+
+  y* = (−α + √(α² + μρ(1−2α)))/ρ and x* = y*²/(μ − ρ y*²).
+
+  Raises:
+    ValueError: alpha not in (0, 1/2), rho not in (0, 1], or mu <= 0.
+  """
+  if not 0 < alpha < 0.5 or not 0 < rho <= 1 or mu <= 0:
+    raise ValueError(f"need 0 < alpha={alpha} < 0.5, 0 < rho={rho} <= 1, mu={mu} > 0")
+  y = (-alpha + math.sqrt(alpha ** 2 + mu * rho * (1 - 2 * alpha))) / rho
+  return y * y / (mu - rho * y * y), y
+
+
+def mu_from_run(run_dir: str) -> dict[str, float]:
+  """μ measured from a run's last metrics record (time per rollout generated ÷ time per
+  sample trained), and the paper's estimator K_train/K_inf (App. 10.4) for reference.
+
+  Raises:
+    FileNotFoundError: no ``metrics.jsonl``. ValueError: no step record yet.
+  """
+  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+    recs = [json.loads(line) for line in f if line.strip()]
+  last = next((r for r in reversed(recs) if "generate_s" in r), None)
+  if last is None:
+    raise ValueError(f"{run_dir}/metrics.jsonl has no step record")
+  per_rollout = last["generate_s"] / max(last["generated_rollouts"], 1)
+  per_sample = last["train_s"] / max(last["trained_samples"], 1)
+  return {"mu_time": per_rollout / per_sample,
+          "replay_ratio": last["trained_samples"] / max(last["generated_rollouts"], 1)}
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--mu", type=float, help="generation/training cost ratio μ")
+  p.add_argument("--run_dir", help="estimate μ from this run's metrics.jsonl")
+  p.add_argument("--rho", type=float, required=True)
+  p.add_argument("--alpha", type=float, required=True)
+  p.add_argument("--batch_size", type=int, default=256, help="B")
+  a = p.parse_args(argv)
+  mu = a.mu if a.mu is not None else (mu_from_run(a.run_dir)["mu_time"] if a.run_dir else None)
+  if mu is None:
+    p.error("give --mu or --run_dir")
+  x, y = power_law_design(mu, a.rho, a.alpha)
+  r = a.batch_size / y
+  print(f"mu={mu:.3f} rho={a.rho} alpha={a.alpha}: x*=N/R={x:.2f} steps, y*=B/R={y:.2f}")
+  print(f"for B={a.batch_size}: R ≈ {r:.0f} rollouts per step, N ≈ {x * r:.0f}")
+
+
+if __name__ == "__main__":
+  main()
