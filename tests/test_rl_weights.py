@@ -251,7 +251,8 @@ def test_invalid_combinations():
   with pytest.raises(ValueError, match="gspo"):
     spec(advantage="gae", loss="gspo")
   with pytest.raises(ValueError, match=r"algo\.kl_mode='reward'"):
-    spec(kl_coef=0.1, kl_mode="reward")
+    spec(kl_coef=0.1, kl_mode="reward", loss="asymre", advantage="dr_grpo")
+  assert spec(kl_coef=0.1, kl_mode="reward").kl_mode == "reward"  # loop penalises rewards
   assert spec(kl_coef=0.1, kl_mode="reward", advantage="gae").kl_mode == "reward"
   with pytest.raises(ValueError, match="staleness_buckets"):
     spec(staleness_buckets=(1, 2))

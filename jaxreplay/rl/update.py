@@ -73,7 +73,8 @@ class AlgoSpec:
   mask_truncated: drop truncated completions from loss and normaliser.
   kl_coef, kl_estimator, kl_mode: KL to ``TrainState.ref_params``; mode 'loss' adds
   β·kl per token, 'reward' subtracts β·kl from GAE token rewards (for group estimators
-  the loop applies ``losses.kl_penalised_rewards`` at generation time).
+  the loop applies ``losses.kl_penalised_rewards`` at generation time, before the
+  group advantages; see ``train.loop.kl_reward_penalty``).
   entropy_coef: entropy bonus c_H. gae_gamma, gae_lambda, vf_coef, value_clip,
   gae_whiten: GAE / critic. staleness_target, staleness_fn, staleness_rate: adaptive
   trust region (``weights.adaptive_trust_region``). staleness_buckets: metric buckets.
@@ -141,11 +142,10 @@ class AlgoSpec:
       raise ValueError(f"algo.loss={self.loss!r} needs a sequence-level advantage; "
                        f"algo.advantage='gae' is per token (use one of "
                        f"{adv_lib.GROUP_ESTIMATORS})")
-    if self.kl_coef > 0 and self.kl_mode == "reward" and self.advantage != "gae":
+    if self.kl_coef > 0 and self.kl_mode == "reward" and self.loss == "asymre":
       raise ValueError(
-          f"algo.kl_mode='reward' with algo.advantage={self.advantage!r} must penalise rewards "
-          "at generation time (losses.kl_penalised_rewards), which the loop does not do yet: "
-          "use algo.kl_mode='loss' or algo.advantage='gae'")
+          "algo.kl_mode='reward' with algo.loss='asymre' would mix the KL penalty into the "
+          "group-mean baseline recovered from the stored advantages: use algo.kl_mode='loss'")
     if self.update_epochs < 1 or self.num_minibatches < 1:
       raise ValueError(f"algo.update_epochs={self.update_epochs} and algo.num_minibatches="
                        f"{self.num_minibatches} must be >= 1")

@@ -26,7 +26,9 @@ from jaxreplay import replay
 from jaxreplay.models.tokenizer import load_or_train_tokenizer
 from jaxreplay.rl.advantages import compute_advantages
 from jaxreplay.replay import stats as replay_stats
-from jaxreplay.rl.update import TrainState, init_train_state, make_optimizer, make_train_step
+from jaxreplay.rl.losses import kl_penalised_rewards
+from jaxreplay.rl.update import (TrainState, init_train_state, make_optimizer, make_train_step,
+                                 token_logprobs)
 from jaxreplay.rollout import Rollout, empty_rollout
 from jaxreplay.sampling import generate
 from jaxreplay.tasks import make_task
@@ -61,7 +63,27 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
   return learner_step
 
 
-def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int, log_counts):
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "beta", "estimator"))
+def kl_reward_penalty(graphdef, ref_params, rollout: Rollout, *, temperature: float, beta: float,
+                      estimator: str) -> jax.Array:
+  """Rewards minus β·Σ_t KL_t(behaviour ‖ reference) per rollout (``algo.kl_mode='reward'``).
+
+  The per-token KL estimate uses the stored behaviour log-probs and the frozen
+  reference's log-probs of the same tokens (Ziegler et al. 2019, eq. 2; see
+  ``rl.losses.kl_penalised_rewards``). Applied at generation time, before the group
+  advantages.
+
+  Returns:
+    [N] float32 penalised rewards.
+  """
+  ref_logp, _ = token_logprobs(graphdef, ref_params, rollout.tokens, rollout.attention_mask,
+                               temperature)
+  return kl_penalised_rewards(rollout.rewards, rollout.behaviour_logprobs, ref_logp,
+                              rollout.completion_mask, beta, estimator)
+
+
+def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int, log_counts,
+                      ref_params=None):
   """Generates, scores and groups R = P·G rollouts with the current policy (host + jit).
 
   Returns:
@@ -82,8 +104,6 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int
                  temperature=cfg.sampler.temperature, eos_ids=io.eos_ids, pad_id=io.pad_id)
   rep = [e for e in examples for _ in range(g)]
   rewards, failures = score(task, io.decode(gen.tokens, gen.mask), rep)
-  r_pg = rewards.reshape(p, g)
-  adv = np.asarray(compute_advantages(jnp.asarray(r_pg), cfg.algo.advantage)).reshape(-1)
   n = p * g
   zeros = np.zeros_like(mask)
   rollout = Rollout(
@@ -91,9 +111,17 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int
       attention_mask=jnp.concatenate([mask, gen.mask], 1),
       completion_mask=jnp.concatenate([zeros, gen.mask], 1),
       behaviour_logprobs=jnp.concatenate([np.zeros(mask.shape, np.float32), gen.logprobs], 1),
-      rewards=jnp.asarray(rewards), advantages=jnp.asarray(adv, jnp.float32),
+      rewards=jnp.asarray(rewards), advantages=jnp.zeros((n,), jnp.float32),
       group_id=jnp.asarray(np.repeat(np.arange(first_group, first_group + p), g), jnp.int32),
       policy_version=jnp.full((n,), version, jnp.int32), truncated=gen.truncated)
+  shaped = rewards
+  if ref_params is not None and cfg.algo.kl_mode == "reward" and cfg.algo.advantage != "gae":
+    shaped = np.asarray(kl_reward_penalty(
+        graphdef, ref_params, rollout, temperature=cfg.sampler.temperature,
+        beta=cfg.algo.kl_coef, estimator=cfg.algo.kl_estimator))
+  r_pg = rewards.reshape(p, g)
+  adv = np.asarray(compute_advantages(jnp.asarray(shaped.reshape(p, g)), cfg.algo.advantage))
+  rollout = rollout.replace(advantages=jnp.asarray(adv.reshape(-1), jnp.float32))
   lengths = np.asarray(gen.length)
   spread = r_pg.max(1) > r_pg.min(1)
   log_counts["generated_tokens"] += int(lengths.sum())
@@ -183,7 +211,7 @@ def run(cfg, log=print) -> dict:
     key_gen, key_sample = jax.random.split(jax.random.fold_in(root_key, step))
     t0 = time.time()
     rollout, gen_metrics = generate_rollouts(cfg, io, task, graphdef, state.params, stream,
-                                             key_gen, step, counts)
+                                             key_gen, step, counts, state.ref_params)
     buffer = add_to_buffer(buffer, rollout, rollout.policy_version, jnp.int32(step))
     t1 = time.time()
     state, buffer, metrics = learner_step(state, buffer, key_sample)
