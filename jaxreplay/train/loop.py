@@ -185,6 +185,7 @@ def run(cfg, log=print) -> dict:
   stream = PromptStream(task.train, seed=cfg.seed)
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), cfg.checkpoint.max_to_keep)
   start, summary0 = 0, None
+  timers = {"generate_s": 0.0, "train_s": 0.0, "eval_s": 0.0}  # seconds, continued on resume
   restored = ckpt_lib.restore(manager, {"train": state, "buffer": buffer,
                                         "rng": jax.random.key_data(root_key)})
   if restored is not None:
@@ -192,6 +193,7 @@ def run(cfg, log=print) -> dict:
     state, buffer = tree["train"], tree["buffer"]
     root_key = jax.random.wrap_key_data(tree["rng"])
     start, counts, stream.position = int(meta["step"]), meta["counts"], meta["data_position"]
+    timers.update(meta.get("timers", {}))
     summary0 = meta["eval_before"]
     log(f"resumed from {manager.directory} at step {start}")
 
@@ -204,7 +206,6 @@ def run(cfg, log=print) -> dict:
         f"sampled {summary0['acc_sampled']:.3f}")
   last_eval = dict(summary0)
   consecutive_skips = 0
-  timers = {"generate_s": 0.0, "train_s": 0.0, "eval_s": 0.0}
   bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps,
              disable=not cfg.log.progress, dynamic_ncols=True)
   for step in bar:
@@ -242,7 +243,8 @@ def run(cfg, log=print) -> dict:
       ckpt_lib.save(manager, done, {"train": state, "buffer": buffer,
                                     "rng": jax.random.key_data(root_key)},
                     {"step": done, "counts": counts, "data_position": stream.position,
-                     "eval_before": summary0, "config": json.loads(cfg.to_json_best_effort())})
+                     "eval_before": summary0, "timers": timers,
+                     "config": json.loads(cfg.to_json_best_effort())})
   bar.close()
   manager.wait_until_finished()
   writer.close()
