@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from absl import app, logging
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py",
@@ -35,5 +35,14 @@ def main(argv) -> None:
   print(f"checkpoints: {s['checkpoints']}\nbase policy: {s['base_policy']}")
 
 
+def _parse_flags(argv):
+  """absl flag parsing with a one-line error for a misspelt or ill-typed config override."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    msg = str(e).replace("\\n", " ").replace("\n", " ").strip("'\"")
+    raise SystemExit(f"jaxreplay: bad command line: {msg}") from None
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from jaxreplay.config import load_config
+from jaxreplay.config import ConfigError, load_config
 from jaxreplay.train.loop import run
 from jaxreplay.train.metrics import read_metrics
 
@@ -89,3 +89,12 @@ def test_same_seed_same_metrics_and_exact_resume(cache_dir, tmp_path):
   assert any("resumed" in str(m) and "step 3" in str(m) for m in logs)
   c = read_metrics(tmp_path / "c")
   assert _strip(c) == _strip(a)
+  # re-running the finished run trains nothing and reports the stored final evaluation
+  logs = []
+  s = run(small_config(tmp_path / "c", cache_dir, **kw), log=logs.append)
+  assert any("complete at step 6" in str(m) for m in logs)
+  assert s["acc_sampled_after"] == a[-1]["eval/acc_sampled"]
+  assert len(read_metrics(tmp_path / "c")) == len(c)
+  # resuming with a different learning rate is refused before any compute, naming the field
+  with pytest.raises(ConfigError, match=r"algo.lr: 0.0003 -> 0.001"):
+    run(small_config(tmp_path / "c", cache_dir, **{**kw, "algo.lr": 1e-3}), log=lambda *_: None)

@@ -24,6 +24,7 @@ Config fields read (``algo.get(name, default)``; defaults in ``AlgoSpec``).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any, Callable
 
 import flax.struct
@@ -130,7 +131,9 @@ class AlgoSpec:
                "staleness_fn": weights_lib.STALENESS_FNS}
     for name, valid in choices.items():
       if getattr(self, name) not in valid:
-        raise ValueError(f"algo.{name}={getattr(self, name)!r} is not one of {valid}")
+        near = difflib.get_close_matches(str(getattr(self, name)), list(valid), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ValueError(f"algo.{name}={getattr(self, name)!r} is not one of {valid}{hint}")
     if self.eps_low <= 0 or self.eps_high <= 0:
       raise ValueError(f"algo.eps_low/eps_high=({self.eps_low}, {self.eps_high}) must be > 0")
     if self.aggregation == "seq_mean_token_sum_norm" and self.horizon <= 0:

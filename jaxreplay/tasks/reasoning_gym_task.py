@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any
 
 import reasoning_gym
@@ -66,7 +67,9 @@ def make_reasoning_gym_task(name: str, seed: int, train_size: int, heldout_size:
   """
   from reasoning_gym.factory import DATASETS
   if name not in DATASETS:
-    raise ValueError(f"task.name={name!r} is not a reasoning-gym dataset; valid: "
+    near = difflib.get_close_matches(name, list(DATASETS), n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise ValueError(f"task.name={name!r} is not a reasoning-gym dataset{hint}; valid: "
                      f"{sorted(DATASETS)}")
   if train_size <= 0 or heldout_size <= 0:
     raise ValueError(f"task.train_size={train_size} and task.heldout_size={heldout_size} "

@@ -42,3 +42,35 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
   out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                       meta=ocp.args.JsonRestore()))
   return out.state, out.meta
+
+
+def read_meta(manager: ocp.CheckpointManager) -> dict | None:
+  """The JSON metadata of the latest checkpoint (no arrays read), or None if there is none."""
+  step = manager.latest_step()
+  if step is None:
+    return None
+  return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
+
+# Config fields that may change between a run and its resumption: extending the run
+# (train.steps), where it logs, how often it evaluates/saves, and where caches live.
+RESUMABLE_PREFIXES = ("train.steps", "workdir", "log.", "eval.", "checkpoint.",
+                      "warmstart.cache_dir")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def config_changes(saved: dict, current: dict) -> list[str]:
+  """Fields whose values differ between a checkpoint's config and the current one,
+  ignoring ``RESUMABLE_PREFIXES``; each as ``"field: saved -> current"``."""
+  a, b = _flatten(saved), _flatten(current)
+  return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+          if a.get(k) != b.get(k) and not k.startswith(RESUMABLE_PREFIXES)]

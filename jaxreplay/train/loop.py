@@ -148,11 +148,23 @@ def run(cfg, log=print) -> dict:
   t_start = time.time()
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(cfg.to_json_best_effort(indent=2))
+  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), cfg.checkpoint.max_to_keep)
+  saved_meta = ckpt_lib.read_meta(manager)
+  cfg_json = json.loads(cfg.to_json_best_effort())
+  if saved_meta is not None:
+    changes = ckpt_lib.config_changes(saved_meta["config"], cfg_json)
+    if changes:
+      raise config_lib.ConfigError(
+          f"workdir {workdir} holds a checkpoint of a run with another config ("
+          + "; ".join(changes) + "): pass a new --config.workdir, or the same values to resume")
 
   # --- task, tokenizer, base policy ------------------------------------------------------
-  task = make_task(cfg.task)
+  try:
+    task = make_task(cfg.task)
+  except (ValueError, FileNotFoundError) as e:  # a bad task config, before any compute
+    raise config_lib.ConfigError(str(e)) from None
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(cfg.to_json_best_effort(indent=2))
   base_dir = os.path.join(cfg.warmstart.cache_dir, base_policy_key(cfg))
   tok = load_or_train_tokenizer(os.path.join(base_dir, "tokenizer.json"),
                                 [e.prompt + " " + e.answer for e in task.train],
@@ -183,8 +195,7 @@ def run(cfg, log=print) -> dict:
   counts = dict(generated_tokens=0, generated_rollouts=0, trained_tokens=0, trained_samples=0,
                 zero_adv_group_tokens=0, reward_failures=0, prompts_skipped=0)
   stream = PromptStream(task.train, seed=cfg.seed)
-  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), cfg.checkpoint.max_to_keep)
-  start, summary0 = 0, None
+  start, summary0, wall_before = 0, None, 0.0
   timers = {"generate_s": 0.0, "train_s": 0.0, "eval_s": 0.0}  # seconds, continued on resume
   restored = ckpt_lib.restore(manager, {"train": state, "buffer": buffer,
                                         "rng": jax.random.key_data(root_key)})
@@ -195,6 +206,7 @@ def run(cfg, log=print) -> dict:
     start, counts, stream.position = int(meta["step"]), meta["counts"], meta["data_position"]
     timers.update(meta.get("timers", {}))
     summary0 = meta["eval_before"]
+    wall_before = meta.get("wall_seconds", 0.0)
     log(f"resumed from {manager.directory} at step {start}")
 
   eval_key = jax.random.fold_in(root_key, 2**31 - 1)  # disjoint from the per-step keys
@@ -204,7 +216,10 @@ def run(cfg, log=print) -> dict:
     writer.write(0, {f"eval/{k}": v for k, v in summary0.items()})
     log(f"held-out before RL: greedy {summary0['acc_greedy']:.3f}, "
         f"sampled {summary0['acc_sampled']:.3f}")
-  last_eval = dict(summary0)
+  last_eval = dict(restored[1].get("last_eval", summary0)) if restored else dict(summary0)
+  if start >= cfg.train.steps:
+    log(f"the run in {workdir} is complete at step {start}; raise --config.train.steps to "
+        "continue it")
   consecutive_skips = 0
   bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps,
              disable=not cfg.log.progress, dynamic_ncols=True)
@@ -231,7 +246,7 @@ def run(cfg, log=print) -> dict:
               "replay_ratio": counts["trained_samples"] / max(counts["generated_rollouts"], 1),
               "buffer_size": int(buffer.size), **timers}
     done = step + 1
-    if cfg.eval.every and (done % cfg.eval.every == 0 or done == cfg.train.steps):
+    if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps:
       te = time.time()
       last_eval = evaluate_fn(state.params, key=jax.random.fold_in(eval_key, done))
       timers["eval_s"] += time.time() - te
@@ -243,18 +258,19 @@ def run(cfg, log=print) -> dict:
       ckpt_lib.save(manager, done, {"train": state, "buffer": buffer,
                                     "rng": jax.random.key_data(root_key)},
                     {"step": done, "counts": counts, "data_position": stream.position,
-                     "eval_before": summary0, "timers": timers,
+                     "eval_before": summary0, "last_eval": last_eval, "timers": timers,
+                     "wall_seconds": wall_before + time.time() - t_start,
                      "config": json.loads(cfg.to_json_best_effort())})
   bar.close()
   manager.wait_until_finished()
   writer.close()
-  final = last_eval if cfg.train.steps > start else summary0
+  final = last_eval
   summary = {
       "acc_greedy_before": summary0["acc_greedy"], "acc_sampled_before": summary0["acc_sampled"],
       "acc_greedy_after": final["acc_greedy"], "acc_sampled_after": final["acc_sampled"],
       "generated_tokens": counts["generated_tokens"], "trained_tokens": counts["trained_tokens"],
       "generated_rollouts": counts["generated_rollouts"], "steps": cfg.train.steps,
-      "wall_seconds": time.time() - t_start, "base_policy": base_info["path"],
+      "wall_seconds": wall_before + time.time() - t_start, "base_policy": base_info["path"],
       "checkpoints": os.path.join(workdir, "checkpoints"), **timers,
   }
   with open(os.path.join(workdir, "summary.json"), "w") as f:
