@@ -33,6 +33,13 @@ def _elapsed(recs):
   return recs
 
 
+def _save(fig, out_dir: str, name: str, paths: list[str]) -> None:
+  fig.tight_layout()
+  paths.append(os.path.join(out_dir, name))
+  fig.savefig(paths[-1], dpi=120)
+  plt.close(fig)
+
+
 def plot_runs(run_dirs: list[str], out_dir: str) -> list[str]:
   """Draws the comparison figures for ``run_dirs`` into ``out_dir``.
 
@@ -66,10 +73,7 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> list[str]:
     ax.set_ylabel("held-out accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, fname))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    _save(fig, out_dir, fname, paths)
   fig, ax = plt.subplots(figsize=(6, 4))
   for name, recs in runs.items():
     pts = _series(recs, "step", "entropy")
@@ -78,10 +82,7 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> list[str]:
   ax.set_xlabel("learner step")
   ax.set_ylabel("training-batch entropy (nats/token)")
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  paths.append(os.path.join(out_dir, "entropy.png"))
-  fig.savefig(paths[-1], dpi=120)
-  plt.close(fig)
+  _save(fig, out_dir, "entropy.png", paths)
   fig, ax = plt.subplots(figsize=(6, 4))
   width = 0.8 / max(len(runs), 1)
   for i, (name, recs) in enumerate(runs.items()):
@@ -92,10 +93,7 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> list[str]:
   ax.set_xlabel("staleness (policy versions; last bin = tail)")
   ax.set_ylabel("fraction of trained samples")
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  paths.append(os.path.join(out_dir, "staleness.png"))
-  fig.savefig(paths[-1], dpi=120)
-  plt.close(fig)
+  _save(fig, out_dir, "staleness.png", paths)
   return paths
 
 
