@@ -13,6 +13,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py",
 
 
 def main(argv) -> None:
+  """Runs the configured job and prints its summary; a bad config exits with one line."""
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
   if os.environ.get("JAXREPLAY_DISTRIBUTED"):  # multi-host pods (launch/tpu_pod.sh)

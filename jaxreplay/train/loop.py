@@ -86,8 +86,21 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int
                       ref_params=None):
   """Generates, scores and groups R = P·G rollouts with the current policy (host + jit).
 
+  Draws P = R/G prompts from ``stream`` (skipping, and counting, prompts that do not fit
+  when ``task.on_too_long='skip'``), samples G completions each, scores them with the
+  task's reward (a raising reward counts as 0), and computes the group advantages at
+  generation time — after the KL reward penalty when ``algo.kl_mode='reward'``.
+
+  Args:
+    cfg: the config. io: text helpers. task: reward source. graphdef, params: the policy.
+    stream: prompt stream (advanced by P or more). key: PRNG key.
+    version: int, the policy version stored with every rollout.
+    log_counts: the ledger dict, updated in place (tokens, rollouts, failures, skips).
+    ref_params: the frozen reference, used only for the KL reward penalty.
+
   Returns:
-    (Rollout with R rows, host metrics dict).
+    (Rollout with R rows, dict of host scalars: reward, frac_mixed_groups,
+     completion_len, truncated_frac).
   """
   g = cfg.rollout.group_size
   p = cfg.rollout.per_step // g

@@ -29,6 +29,11 @@ class TextIO:
 
   @classmethod
   def create(cls, tok: Tokenizer, prompt_width: int, on_too_long: str = "truncate_left"):
+    """From a tokenizer with the jaxreplay specials; ``<eos>`` is the only stop id.
+
+    Raises:
+      KeyError: the tokenizer lacks ``<pad>``, ``<bos>`` or ``<eos>``.
+    """
     pad, _, eos = special_ids(tok)
     return cls(tok=tok, prompt_width=prompt_width, eos_ids=(eos,), pad_id=pad,
                on_too_long=on_too_long)
