@@ -29,27 +29,52 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> N
                                              meta=ocp.args.JsonSave(meta)))
 
 
-def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None):
-  """Restores (state, meta) of ``step`` (default: latest) into ``abstract_state``'s shapes.
+def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None,
+            log=print):
+  """Restores (state, meta) of ``step``, or of the newest readable checkpoint.
+
+  Without ``step`` it tries the checkpoints from newest to oldest: a corrupted or
+  truncated one is reported through ``log`` and skipped, so the run falls back to the
+  previous complete checkpoint.
+
+  Args:
+    manager: the CheckpointManager. abstract_state: a pytree with the target shapes and
+      dtypes (arrays or ShapeDtypeStructs), e.g. freshly initialised state.
+    step: a specific step (no fallback), or None.
+    log: callable for the fallback messages.
 
   Returns:
     (state pytree, meta dict), or None when the directory holds no checkpoint.
+
+  Raises:
+    RuntimeError: checkpoints exist but none could be read.
   """
-  step = manager.latest_step() if step is None else step
-  if step is None:
-    return None
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-  out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                      meta=ocp.args.JsonRestore()))
-  return out.state, out.meta
+  steps = [step] if step is not None else sorted(manager.all_steps(), reverse=True)
+  if not steps:
+    return None
+  errors = []
+  for s in steps:
+    try:
+      out = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                       meta=ocp.args.JsonRestore()))
+      return out.state, out.meta
+    except Exception as e:  # noqa: BLE001 - any unreadable checkpoint falls back
+      errors.append(f"step {s}: {type(e).__name__}: {str(e)[:200]}")
+      if step is None:
+        log(f"checkpoint at step {s} in {manager.directory} is unreadable "
+            f"({type(e).__name__}); falling back to the previous one")
+  raise RuntimeError("no readable checkpoint: " + "; ".join(errors))
 
 
 def read_meta(manager: ocp.CheckpointManager) -> dict | None:
-  """The JSON metadata of the latest checkpoint (no arrays read), or None if there is none."""
-  step = manager.latest_step()
-  if step is None:
-    return None
-  return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+  """The JSON metadata of the newest checkpoint whose metadata reads (no arrays), or None."""
+  for step in sorted(manager.all_steps(), reverse=True):
+    try:
+      return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    except Exception:  # noqa: BLE001 - a corrupted checkpoint: look at the previous one
+      continue
+  return None
 
 
 # Config fields that may change between a run and its resumption: extending the run

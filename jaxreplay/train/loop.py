@@ -211,7 +211,7 @@ def run(cfg, log=print) -> dict:
   start, summary0, wall_before = 0, None, 0.0
   timers = {"generate_s": 0.0, "train_s": 0.0, "eval_s": 0.0}  # seconds, continued on resume
   restored = ckpt_lib.restore(manager, {"train": state, "buffer": buffer,
-                                        "rng": jax.random.key_data(root_key)})
+                                        "rng": jax.random.key_data(root_key)}, log=log)
   if restored is not None:
     tree, meta = restored
     state, buffer = tree["train"], tree["buffer"]
