@@ -26,6 +26,7 @@ def get_config():
       heldout_path="",
       prompt_width=16,  # P, tokens (incl. <bos>); longer prompts: data.on_too_long
       on_too_long="truncate_left",
+      reward_timeout_s=5.0,  # a reward call running longer scores 0 and is counted; 0 = no limit
   ))
 
   c.model = config_dict.ConfigDict(dict(

@@ -48,3 +48,29 @@ def test_kl_reward_penalty_is_zero_against_itself_and_exact_against_uniform():
   expected = np.asarray(r.rewards) - 0.5 * np.where(m, mu + math.log(V), 0.0).sum(-1)
   np.testing.assert_allclose(got, expected, atol=1e-5)
   assert m.sum() > 2 and not np.allclose(got, r.rewards)
+
+
+class _FlakyTask:
+  """Reward 1 for "ok", raises for "boom", NaN for "nan", hangs for "hang"."""
+
+  def reward(self, text, example):
+    if text == "boom":
+      raise RuntimeError("scorer crashed")
+    if text == "hang":
+      import time
+      time.sleep(30)
+    return float("nan") if text == "nan" else float(text == "ok")
+
+
+def test_crashing_hanging_or_nan_rewards_score_zero_and_are_counted():
+  import time
+  from jaxreplay.train.policy import score
+  texts = ["ok", "boom", "no", "hang", "nan", "ok"]
+  t0 = time.time()
+  rewards, failures = score(_FlakyTask(), texts, [None] * 6, timeout_s=0.5)
+  assert time.time() - t0 < 5.0
+  np.testing.assert_array_equal(rewards, [1, 0, 0, 0, 0, 1])
+  assert failures == 3
+  rewards, failures = score(_FlakyTask(), ["ok", "boom", "nan"], [None] * 3)  # no timeout
+  np.testing.assert_array_equal(rewards, [1, 0, 0])
+  assert failures == 2

@@ -116,7 +116,8 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int
   gen = generate(graphdef, params, toks, mask, key, max_new_tokens=cfg.sampler.max_new_tokens,
                  temperature=cfg.sampler.temperature, eos_ids=io.eos_ids, pad_id=io.pad_id)
   rep = [e for e in examples for _ in range(g)]
-  rewards, failures = score(task, io.decode(gen.tokens, gen.mask), rep)
+  rewards, failures = score(task, io.decode(gen.tokens, gen.mask), rep,
+                            cfg.task.reward_timeout_s or None)
   n = p * g
   zeros = np.zeros_like(mask)
   rollout = Rollout(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -48,8 +49,34 @@ class TextIO:
     return decode_completions(self.tok, np.asarray(tokens), np.asarray(mask))
 
 
-def score(task, texts: Sequence[str], examples: Sequence[Example]) -> tuple[np.ndarray, int]:
-  """Rewards of decoded completions; a reward function that raises gives 0 and is counted.
+def _call_with_timeout(fn, timeout_s: float):
+  """Runs ``fn()`` in a daemon thread; returns (ok, value). A call still running after
+  ``timeout_s`` seconds is abandoned (its thread cannot be killed but never blocks exit)."""
+  box = {}
+
+  def target():
+    try:
+      box["value"] = fn()
+    except Exception as e:  # noqa: BLE001 - reported as a failure by the caller
+      box["error"] = e
+
+  t = threading.Thread(target=target, daemon=True)
+  t.start()
+  t.join(timeout_s)
+  if t.is_alive() or "error" in box:
+    return False, None
+  return True, box["value"]
+
+
+def score(task, texts: Sequence[str], examples: Sequence[Example],
+          timeout_s: float | None = None) -> tuple[np.ndarray, int]:
+  """Rewards of decoded completions. A reward function that raises, returns a non-finite
+  value, or runs longer than ``timeout_s`` seconds gives reward 0 and is counted.
+
+  Args:
+    task: has ``reward(text, example) -> float``.
+    texts: B decoded completions. examples: the B matching examples.
+    timeout_s: per-completion limit in seconds (None: no limit, no thread).
 
   Returns:
     (rewards [B] float32, number of reward failures).
@@ -57,8 +84,15 @@ def score(task, texts: Sequence[str], examples: Sequence[Example]) -> tuple[np.n
   out = np.zeros((len(texts),), np.float32)
   failures = 0
   for i, (t, e) in enumerate(zip(texts, examples)):
-    try:
-      out[i] = float(task.reward(t, e))
-    except Exception:  # noqa: BLE001 - a crashing scorer must not stop the run
+    if timeout_s is None:
+      try:
+        ok, value = True, float(task.reward(t, e))
+      except Exception:  # noqa: BLE001 - a crashing scorer must not stop the run
+        ok, value = False, None
+    else:
+      ok, value = _call_with_timeout(lambda t=t, e=e: float(task.reward(t, e)), timeout_s)
+    if ok and np.isfinite(value):
+      out[i] = value
+    else:
       failures += 1
   return out, failures

@@ -46,7 +46,8 @@ def noisy_answers(answers, noise: float, rng: np.random.Generator) -> list[str]:
 
 def base_policy_key(cfg) -> str:
   """Hash of the config fields that determine the base policy (and its tokenizer)."""
-  blob = json.dumps({"task": cfg.task.to_dict(), "model": cfg.model.to_dict(),
+  task = {k: v for k, v in cfg.task.to_dict().items() if k not in ("reward_timeout_s",)}
+  blob = json.dumps({"task": task, "model": cfg.model.to_dict(),
                      "warmstart": {k: v for k, v in cfg.warmstart.to_dict().items()
                                    if k != "cache_dir"},
                      "max_new_tokens": cfg.sampler.max_new_tokens, "seed": cfg.seed},
