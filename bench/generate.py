@@ -12,11 +12,12 @@ Hugging Face runs with its faster torch thread count (1 or the default, chosen i
 warm-up; ``--torch_threads`` fixes it).
 
 Roofline: the decode step time of jaxreplay (from runs with M and with 1 new token, so
-the prefill cancels) against a floor max(parameter bytes / measured memory bandwidth,
-step FLOPs / measured matmul throughput). Bandwidth is a large NumPy copy (bytes read +
-written per second); matmul throughput is a jitted float32 [B, D] x [D, 4D]-shaped
-product at the decode batch size, and a square 1024^3 one (the better of the two is
-used, so the floor is optimistic).
+the prefill cancels) against a floor max((parameter + KV-cache bytes) / measured memory
+bandwidth, step FLOPs / measured matmul throughput). Bandwidth: a large NumPy copy on the
+CPU, a jitted 2 GiB elementwise pass in HBM on a GPU (bytes read + written per second);
+matmul throughput: a jitted [B, D] x [D, 4D]-shaped product at the decode batch size and a
+square one (1024^3 CPU, 8192^3 GPU) on constant inputs (the better is used, so the floor
+is optimistic). On a GPU, Hugging Face runs on the same GPU (torch CUDA).
 
 Usage: python bench/generate.py [--layers 2 --hidden 256 --batch 32 --new 64 --rounds 5]
 Keep other work off the machine while it runs: results on a shared CPU vary ~2x.
@@ -74,17 +75,33 @@ def timed(fn, reps=1):
 
 
 def memory_bandwidth_bytes_s() -> float:
-  """Host memory bandwidth from a 256 MiB NumPy copy (read + write bytes / s), best of 5."""
-  src = np.ones(64 * 2 ** 20, np.float32)
-  dst = np.empty_like(src)
-  t = timed(lambda: np.copyto(dst, src), 5)
-  return 2 * src.nbytes / t
+  """Memory bandwidth (read + write bytes / s), best of 5.
+
+  CPU: a 256 MiB NumPy copy. GPU: a jitted ``x * 2`` over 2 GiB of float32 in device
+  memory (HBM), timed over 10 calls.
+  """
+  if jax.default_backend() == "cpu":
+    src = np.ones(64 * 2 ** 20, np.float32)
+    dst = np.empty_like(src)
+    t = timed(lambda: np.copyto(dst, src), 5)
+    return 2 * src.nbytes / t
+  x = jnp.ones((2 ** 29,), jnp.float32)
+  f = jax.jit(lambda x: x * 2)
+  f(x).block_until_ready()
+
+  def run():
+    for _ in range(10):
+      y = f(x)
+    y.block_until_ready()
+
+  return 10 * 2 * x.nbytes / timed(run, 5)
 
 
 def matmul_flops_s(b: int, d: int, dtype) -> float:
-  """Best float matmul throughput of jitted products: decode-shaped and square 1024."""
+  """Best matmul throughput of jitted products: decode-shaped and square (1024 CPU, 8192 GPU)."""
   best = 0.0
-  for m, k, n in ((b, d, 4 * d), (1024, 1024, 1024)):
+  square = 1024 if jax.default_backend() == "cpu" else 8192
+  for m, k, n in ((b, d, 4 * d), (square, square, square)):
     x = jnp.ones((m, k), dtype)
     w = jnp.ones((k, n), dtype)
     f = jax.jit(lambda x, w: x @ w)
@@ -116,7 +133,7 @@ def main():
     mask[i, a.prompt - n:] = True
 
   tmp = tempfile.mkdtemp(prefix="jaxreplay_bench_")
-  model_hf = None
+  model_hf, hf_device = None, "cpu"
   if not a.skip_hf:
     import torch
     import transformers
@@ -129,6 +146,9 @@ def main():
     if a.dtype == "bfloat16":
       model_hf = model_hf.to(torch.bfloat16)
     model_hf.save_pretrained(tmp)
+    if jax.default_backend() == "gpu" and torch.cuda.is_available():
+      hf_device = "cuda"
+      model_hf = model_hf.to(hf_device)
     cfg, graphdef, params = hf.from_pretrained(tmp, dtype=a.dtype, param_dtype=a.dtype)
   else:
     from jaxreplay.models import Transformer, TransformerConfig
@@ -150,9 +170,12 @@ def main():
   def theirs(seed=0):
     torch.manual_seed(seed)
     with torch.no_grad():
-      out = model_hf.generate(input_ids=torch.tensor(toks), attention_mask=torch.tensor(mask.astype(np.int64)),
+      out = model_hf.generate(input_ids=torch.tensor(toks, device=hf_device),
+                              attention_mask=torch.tensor(mask.astype(np.int64), device=hf_device),
                               max_new_tokens=a.new, min_new_tokens=a.new, do_sample=True,
                               temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0, eos_token_id=None)
+      if hf_device == "cuda":
+        torch.cuda.synchronize()
     assert out.shape[1] == a.prompt + a.new
 
   t0 = time.perf_counter()
@@ -162,16 +185,19 @@ def main():
   if model_hf is not None:
     # Give HF its best thread count: on a busy 2-core machine OpenMP spinning with 2
     # threads was >10x slower than 1 thread, which would flatter the ratio.
-    candidates = [a.torch_threads] if a.torch_threads else sorted({1, torch.get_num_threads()})
+    candidates = ([a.torch_threads] if a.torch_threads or hf_device == "cuda"
+                  else sorted({1, torch.get_num_threads()}))
     best = None
     for n in candidates:
-      torch.set_num_threads(n)
+      if n:
+        torch.set_num_threads(n)
       theirs()
       t = timed(theirs)
       print(f"HF warm-up with {n} torch thread(s): {a.batch * a.new / t:.0f} tok/s", flush=True)
       if best is None or t < best[1]:
         best = (n, t)
-    torch.set_num_threads(best[0])
+    if best[0]:
+      torch.set_num_threads(best[0])
   n_tok = a.batch * a.new
   ours_s, hf_s, ratios, step_s = [], [], [], []
   for r in range(a.rounds):
@@ -198,7 +224,10 @@ def main():
                           + cfg.n_layers * attn)
   bw = memory_bandwidth_bytes_s()
   fl = matmul_flops_s(a.batch, cfg.d_model, jnp.dtype(a.dtype))
-  t_mem, t_flop = n_params * itemsize / bw, step_flops / fl
+  # KV cache read per step: [L, B, K, S, E] keys and values at the mean length.
+  kv_bytes = 2 * cfg.n_layers * a.batch * d_kv * s_avg * jnp.dtype(cfg.dtype).itemsize
+  mem_bytes = n_params * itemsize + kv_bytes
+  t_mem, t_flop = mem_bytes / bw, step_flops / fl
   floor = max(t_mem, t_flop)
   step = statistics.median(step_s)
 
@@ -220,7 +249,7 @@ def main():
     print(f"| median ratio (jaxreplay / HF) | {statistics.median(ratios):.2f}x |")
   print()
   print(f"decode step: {step * 1e3:.3f} ms measured; roofline floor {floor * 1e3:.3f} ms "
-        f"(params {n_params * itemsize / 1e6:.1f} MB / {bw / 1e9:.1f} GB/s = {t_mem * 1e3:.3f} ms; "
+        f"(params + KV cache {mem_bytes / 1e6:.1f} MB / {bw / 1e9:.1f} GB/s = {t_mem * 1e3:.3f} ms; "
         f"{step_flops / 1e6:.0f} MFLOP / {fl / 1e9:.1f} GFLOP/s = {t_flop * 1e3:.3f} ms); "
         f"gap {step / floor:.1f}x")
   return 0

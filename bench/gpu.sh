@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One prepared GPU check (issue 6): generation throughput vs Hugging Face and learner-step
+# MFU at Qwen2.5-0.5B shapes in bf16. Runs under the machine's own python3 (JAX with CUDA);
+# falls back to the pinned flax/optax/chex wheels carried in .gpu/wheels if the image's
+# versions cannot import jaxreplay. Writes its logs to ${OUT:-/tmp}.
+set -uo pipefail
+OUT=${OUT:-/tmp}
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 HF_HUB_OFFLINE=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import jax, flax, optax, chex; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
+if ! python3 -c "from jaxreplay.models import Transformer; import jaxreplay.sampling, jaxreplay.rl.update" 2>$OUT/import_err.txt; then
+  tail -3 $OUT/import_err.txt
+  python3 -m pip install -q --no-deps --target /tmp/extra .gpu/wheels/*.whl && export PYTHONPATH=/tmp/extra
+  python3 -c "import flax; print('using carried flax', flax.__version__)"
+fi
+Q="--layers 24 --hidden 896 --heads 14 --kv_heads 2 --ffn 4864 --vocab 151936 --dtype bfloat16"
+timeout 300 python3 bench/generate.py $Q --batch 64 --prompt 128 --new 256 --rounds 3 2>&1 | grep -v Warning | tee $OUT/generate.txt
+timeout 150 python3 bench/train_step.py --batch 16 --seq 512 2>&1 | tee $OUT/train_step.txt
+timeout 120 python3 bench/train_step.py --batch 32 --seq 512 2>&1 | tail -9 | tee $OUT/train_step_b32.txt
