@@ -41,7 +41,9 @@ def get_config():
       cache_dir="runs/base_policies",
   ))
 
-  c.sampler = config_dict.ConfigDict(dict(max_new_tokens=6, temperature=1.0))
+  # top_k = 0 / top_p = 1 disable truncation; with truncation the trainer recomputes
+  # log-probs under the same truncated distribution (ratio 1 at identical parameters).
+  c.sampler = config_dict.ConfigDict(dict(max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0))
 
   c.rollout = config_dict.ConfigDict(dict(per_step=128, group_size=8))  # R = 16 prompts × G
   # N = capacity. Samplers: uniform (the paper's), recency, priority, positive_bias,

@@ -91,6 +91,10 @@ def validate(cfg) -> None:
           f"must divide train.batch_size={cfg.train.batch_size}")
   if cfg.sampler.temperature <= 0:
     _fail("sampler.temperature", cfg.sampler.temperature, "must be > 0 for training rollouts")
+  if cfg.sampler.top_k < 0:
+    _fail("sampler.top_k", cfg.sampler.top_k, "must be >= 0 (0 disables top-k)")
+  if not 0.0 < cfg.sampler.top_p <= 1.0:
+    _fail("sampler.top_p", cfg.sampler.top_p, "must be in (0, 1] (1 disables top-p)")
   if cfg.sampler.max_new_tokens < 1:
     _fail("sampler.max_new_tokens", cfg.sampler.max_new_tokens, "must be >= 1")
   if cfg.train.steps < 0:

@@ -256,3 +256,48 @@ def test_sharded_generation_matches_one_device(policy, sampled):
   assert spec_for("blocks/0/attn/q/kernel", (64, 64), mesh8) == PS("fsdp", "tensor")
   assert spec_for("blocks/0/attn/o/kernel", (64, 64), mesh8) == PS("tensor", "fsdp")
   assert spec_for("blocks/0/attn/q/bias", (3,), mesh8) == PS(None)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(12, 1.0), (0, 0.8), (12, 0.8)])
+def test_train_step_ratio_is_one_under_truncation(policy, top_k, top_p):
+  """The learner recomputes log-probs through the sampler's top-k/top-p: at the sampling
+  parameters every importance ratio is 1 (the full softmax would give the kept mass S)."""
+  import optax
+  from jaxreplay.rl.update import AlgoSpec, init_train_state, make_train_step
+  from jaxreplay.rollout import Rollout
+  graphdef, params = policy
+  toks, mask = left_pad(PROMPTS, P_WIDTH)
+  g = generate(graphdef, params, toks, mask, jax.random.key(5), max_new_tokens=M,
+               temperature=TEMP, top_k=top_k, top_p=top_p, eos_ids=STOPS, pad_id=PAD)
+  full = jnp.concatenate([toks, g.tokens], 1)
+  attn = jnp.concatenate([mask, g.mask], 1)
+  logp, ent = jax.jit(token_logprobs, static_argnums=(0, 4, 5, 6))(
+      graphdef, params, full, attn, TEMP, top_k, top_p)
+  comp = np.asarray(g.mask)
+  np.testing.assert_allclose(np.asarray(logp)[:, P_WIDTH:][comp], np.asarray(g.logprobs)[comp],
+                             atol=1e-5)
+  # Entropy of the truncated distribution: at most log(top_k) when top-k is on, finite.
+  e = np.asarray(ent)[:, P_WIDTH:][comp]
+  assert np.isfinite(e).all() and (e >= 0).all()
+  if top_k:
+    assert e.max() <= np.log(top_k) + 1e-5
+  n = len(PROMPTS)
+  batch = Rollout(tokens=full, attention_mask=attn,
+                  completion_mask=jnp.concatenate([jnp.zeros_like(mask), g.mask], 1),
+                  behaviour_logprobs=jnp.concatenate([jnp.zeros(mask.shape), g.logprobs], 1),
+                  rewards=jnp.zeros((n,)), advantages=jnp.linspace(-1.0, 1.0, n),
+                  group_id=jnp.zeros((n,), jnp.int32), policy_version=jnp.zeros((n,), jnp.int32),
+                  truncated=g.truncated)
+  opt = optax.sgd(0.0)
+  spec = AlgoSpec()
+  step = make_train_step(graphdef, opt, spec, TEMP, top_k, top_p)
+  state = init_train_state(graphdef, jax.tree.map(jnp.copy, params), opt, spec)
+  _, metrics = step(state, batch, jnp.ones((n,)))
+  assert float(metrics["clip_frac"]) == 0.0
+  assert float(metrics["skipped_update"]) == 0.0
+  # Without the truncation the same batch has ratios S < 1: some tokens get clipped.
+  step_full = make_train_step(graphdef, opt, spec, TEMP)
+  state = init_train_state(graphdef, jax.tree.map(jnp.copy, params), opt, spec)
+  _, m_full = step_full(state, batch, jnp.ones((n,)))
+  assert float(m_full["ratio_mean"]) < float(metrics["ratio_mean"])
+  np.testing.assert_allclose(float(metrics["ratio_mean"]), 1.0, atol=1e-5)

@@ -1,7 +1,7 @@
 """The jitted learner update: ``train_step(state, batch, weights[, staleness]) -> (state, metrics)``.
 
 Recomputes per-token log-probs of the stored rollouts under the current policy (at
-the sampling temperature, so the ratio is 1 at identical parameters), applies the
+the sampler's temperature and top-k/top-p, so the ratio is 1 at identical parameters), applies the
 configured objective (``objective``) and takes ``update_epochs × num_minibatches``
 optax steps. A non-finite loss or gradient leaves parameters and optimizer state
 untouched and is reported in the metrics.
@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxreplay.models.logit_processing import process_logits
 from jaxreplay.rl import advantages as adv_lib
 from jaxreplay.rl import diagnostics, losses, value, weights as weights_lib
 from jaxreplay.rollout import Rollout
@@ -166,38 +167,61 @@ class AlgoSpec:
     return self.kl_coef > 0
 
 
+# Log-prob given to a token outside the current policy's top-k/top-p set, whose log-prob
+# under the truncated distribution is -inf: finite, so its ratio is exactly 0 (it cannot be
+# sampled any more) and the metrics stay finite. Never reached without truncation.
+LOGP_FLOOR = -1e4
+
+
 def token_logprobs(graphdef: nnx.GraphDef, params, tokens: jax.Array, attention_mask: jax.Array,
-                   temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
-  """Per-token log-probs of ``tokens`` under the policy, and the full-distribution entropy.
+                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+                   ) -> tuple[jax.Array, jax.Array]:
+  """Per-token log-probs of ``tokens`` under the policy's sampling distribution, and its entropy.
+
+  The distribution is the sampler's (``models.logit_processing.process_logits``): logits
+  divided by ``temperature``, then top-k, then top-p renormalised — so for the same
+  parameters these equal the behaviour log-probs ``sampling.generate`` records and the
+  importance ratio is exactly 1. Without truncation this is ``log_softmax(logits / T)``.
 
   Args:
     graphdef, params: the policy (``nnx.split``).
     tokens: [B, T] int32. attention_mask: [B, T] bool.
     temperature: logits are divided by it (> 0), matching the sampler.
+    top_k, top_p: the sampler's truncation (static; 0 and 1 disable it).
 
   Returns:
-    (logp [B, T] float32 with column 0 set to 0 — column t is log π(tokens_t | tokens_<t);
-     entropy [B, T] float32 of the distribution that predicted column t, 0 at column 0).
+    (logp [B, T] float32 with column 0 set to 0 — column t is log π(tokens_t | tokens_<t),
+     floored at ``LOGP_FLOOR`` for a token outside the truncated set;
+     entropy [B, T] float32 of the (truncated) distribution that predicted column t,
+     0 at column 0).
+
+  Raises:
+    ValueError: temperature <= 0, top_k < 0 or top_p outside [0, 1].
   """
   model = nnx.merge(graphdef, params)
-  return _scores(model(tokens, attention_mask), tokens, temperature)
+  return _scores(model(tokens, attention_mask), tokens, temperature, top_k, top_p)
 
 
-def _scores(logits_btv, tokens, temperature):
-  logits = logits_btv[:, :-1] / temperature  # predicts tokens[:, 1:]
+def _scores(logits_btv, tokens, temperature, top_k=0, top_p=1.0):
+  # predicts tokens[:, 1:]; dropped tokens at -inf when truncated
+  logits = process_logits(logits_btv[:, :-1], temperature, top_k, top_p)
   logp_all = jax.nn.log_softmax(logits, axis=-1)
   logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
-  ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  logp = jnp.maximum(logp, LOGP_FLOOR)
+  probs = jnp.exp(logp_all)
+  ent = -jnp.sum(probs * jnp.where(probs > 0, logp_all, 0.0), axis=-1)  # 0·(-inf) -> 0
   pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
   return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
 
 
-def policy_and_values(graphdef, params, value_params, tokens, attention_mask, temperature):
-  """(logp [B, T], entropy [B, T], values [B, T] aligned with logp) in one forward pass."""
+def policy_and_values(graphdef, params, value_params, tokens, attention_mask, temperature,
+                      top_k: int = 0, top_p: float = 1.0):
+  """(logp [B, T], entropy [B, T], values [B, T] aligned with logp) in one forward pass
+  (log-probs and entropy as ``token_logprobs``)."""
   model = nnx.merge(graphdef, params)
   logits, hidden = value.forward_with_hidden(model, tokens, attention_mask)
   head = nnx.merge(value.value_graphdef(), value_params)
-  logp, ent = _scores(logits, tokens, temperature)
+  logp, ent = _scores(logits, tokens, temperature, top_k, top_p)
   return logp, ent, value.token_values(head, hidden)
 
 
@@ -372,7 +396,7 @@ def policy_loss(logp_bt, batch: Rollout, weights_b, algo, staleness_b=None):
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, algo,
-                    temperature: float) -> Callable:
+                    temperature: float, top_k: int = 0, top_p: float = 1.0) -> Callable:
   """Builds the jitted ``train_step(state, batch, weights, staleness=None) -> (state, metrics)``.
 
   The state is donated (no parameter-sized copy per call). ``staleness`` [B] int32
@@ -388,6 +412,9 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     optimizer: optax transformation whose state is ``state.opt_state``.
     algo: the ``algo`` ConfigDict (see ``AlgoSpec``).
     temperature: sampling temperature used for the behaviour log-probs (> 0).
+    top_k, top_p: the sampler's truncation (``sampler.top_k`` / ``sampler.top_p``): the
+      current and reference log-probs are taken under the same truncated distribution,
+      so the ratio is 1 at identical parameters (see ``token_logprobs``).
 
   Raises:
     ValueError: invalid ``algo`` (at build time); B not divisible by
@@ -398,10 +425,11 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
   def forward(params, value_params, batch):
     if value_params is None:
-      logp, ent = token_logprobs(graphdef, params, batch.tokens, batch.attention_mask, temperature)
+      logp, ent = token_logprobs(graphdef, params, batch.tokens, batch.attention_mask, temperature,
+                                 top_k, top_p)
       return logp, ent, None
     return policy_and_values(graphdef, params, value_params, batch.tokens,
-                             batch.attention_mask, temperature)
+                             batch.attention_mask, temperature, top_k, top_p)
 
   def loss_fn(trainable, batch, w, stale, prox, ref, v_start):
     params, value_params = trainable if spec.uses_value_head else (trainable, None)
@@ -427,7 +455,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     ref = prox = v_start = None
     if spec.uses_reference:
       ref, _ = token_logprobs(graphdef, state.ref_params, batch.tokens, batch.attention_mask,
-                              temperature)
+                              temperature, top_k, top_p)
       ref = sg(ref)
     if n_updates > 1 and (spec.loss == "decoupled" or spec.uses_value_head):
       prox, _, v_start = jax.tree.map(sg, forward(state.params, state.value_params, batch))

@@ -63,9 +63,10 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
   return learner_step
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "beta", "estimator"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "beta", "estimator",
+                                             "top_k", "top_p"))
 def kl_reward_penalty(graphdef, ref_params, rollout: Rollout, *, temperature: float, beta: float,
-                      estimator: str) -> jax.Array:
+                      estimator: str, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
   """Rewards minus β·Σ_t KL_t(behaviour ‖ reference) per rollout (``algo.kl_mode='reward'``).
 
   The per-token KL estimate uses the stored behaviour log-probs and the frozen
@@ -77,7 +78,7 @@ def kl_reward_penalty(graphdef, ref_params, rollout: Rollout, *, temperature: fl
     [N] float32 penalised rewards.
   """
   ref_logp, _ = token_logprobs(graphdef, ref_params, rollout.tokens, rollout.attention_mask,
-                               temperature)
+                               temperature, top_k, top_p)
   return kl_penalised_rewards(rollout.rewards, rollout.behaviour_logprobs, ref_logp,
                               rollout.completion_mask, beta, estimator)
 
@@ -114,7 +115,8 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int
   toks, mask, _ = io.prompts(examples)
   toks, mask = np.repeat(toks, g, 0), np.repeat(mask, g, 0)
   gen = generate(graphdef, params, toks, mask, key, max_new_tokens=cfg.sampler.max_new_tokens,
-                 temperature=cfg.sampler.temperature, eos_ids=io.eos_ids, pad_id=io.pad_id)
+                 temperature=cfg.sampler.temperature, top_k=cfg.sampler.top_k,
+                 top_p=cfg.sampler.top_p, eos_ids=io.eos_ids, pad_id=io.pad_id)
   rep = [e for e in examples for _ in range(g)]
   rewards, failures = score(task, io.decode(gen.tokens, gen.mask), rep,
                             cfg.task.reward_timeout_s or None)
@@ -132,7 +134,8 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int
   if ref_params is not None and cfg.algo.kl_mode == "reward" and cfg.algo.advantage != "gae":
     shaped = np.asarray(kl_reward_penalty(
         graphdef, ref_params, rollout, temperature=cfg.sampler.temperature,
-        beta=cfg.algo.kl_coef, estimator=cfg.algo.kl_estimator))
+        beta=cfg.algo.kl_coef, estimator=cfg.algo.kl_estimator, top_k=cfg.sampler.top_k,
+        top_p=cfg.sampler.top_p))
   r_pg = rewards.reshape(p, g)
   adv = np.asarray(compute_advantages(jnp.asarray(shaped.reshape(p, g)), cfg.algo.advantage))
   rollout = rollout.replace(advantages=jnp.asarray(adv.reshape(-1), jnp.float32))
@@ -203,7 +206,8 @@ def run(cfg, log=print) -> dict:
   buffer = replay.init(empty_rollout(1, cfg.task.prompt_width + m), cfg.buffer.capacity)
   sampler_cfg = replay.from_config(cfg.buffer)
   add_to_buffer = jax.jit(replay.add, donate_argnums=(0,))
-  train_step = make_train_step(graphdef, optimizer, cfg.algo, cfg.sampler.temperature)
+  train_step = make_train_step(graphdef, optimizer, cfg.algo, cfg.sampler.temperature,
+                               cfg.sampler.top_k, cfg.sampler.top_p)
   learner_step = make_learner_step(train_step, cfg.train.batch_size, sampler_cfg)
   root_key = jax.random.key(cfg.seed)
   counts = dict(generated_tokens=0, generated_rollouts=0, trained_tokens=0, trained_samples=0,
