@@ -27,9 +27,15 @@ def get_config():
       prompt_width=16,  # P, tokens (incl. <bos>); longer prompts: data.on_too_long
       on_too_long="truncate_left",
       reward_timeout_s=5.0,  # a reward call running longer scores 0 and is counted; 0 = no limit
+      answer_extraction="bare",  # "bare": the completion is the answer; "math": math-verify
+      chat_template=False,  # model.source="hf": wrap prompts in the checkpoint's chat template
+      system_prompt="",  # with chat_template: a system turn ("" = none)
   ))
 
+  # source "builtin": this small decoder, warm-started below; "hf": a local Hugging Face
+  # checkpoint directory in model.path (Llama 3 / Qwen2 / Qwen2.5 / Qwen3; see configs/qwen*).
   c.model = config_dict.ConfigDict(dict(
+      source="builtin", path="", dtype="float32", param_dtype="float32",
       vocab_size=300, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32,
       d_ff=384, rope_theta=10_000.0, tie_embeddings=True,
   ))

@@ -30,6 +30,10 @@ def sibling_config(file: str, name: str):
   return load_config(os.path.join(os.path.dirname(os.path.abspath(file)), name + ".py"))
 
 
+MODEL_SOURCES = ("builtin", "hf")
+DTYPES = ("float32", "bfloat16")
+
+
 class ConfigError(ValueError):
   """A config field has an invalid value; the message names field, value and what is allowed."""
 
@@ -91,6 +95,20 @@ def validate(cfg) -> None:
           f"must divide train.batch_size={cfg.train.batch_size}")
   if cfg.sampler.temperature <= 0:
     _fail("sampler.temperature", cfg.sampler.temperature, "must be > 0 for training rollouts")
+  if cfg.model.source not in MODEL_SOURCES:
+    _fail("model.source", cfg.model.source, f"must be one of {MODEL_SOURCES}")
+  if cfg.model.source == "hf":
+    missing = [f for f in ("config.json", "tokenizer.json")
+               if not os.path.exists(os.path.join(cfg.model.path or "", f))]
+    if not cfg.model.path or missing:
+      _fail("model.path", cfg.model.path, "must be a local Hugging Face checkpoint directory "
+            "holding config.json, tokenizer.json and *.safetensors"
+            + (f" (missing: {', '.join(missing)})" if cfg.model.path else ""))
+  for f in ("model.dtype", "model.param_dtype"):
+    if cfg.model[f.split(".")[1]] not in DTYPES:
+      _fail(f, cfg.model[f.split(".")[1]], f"must be one of {DTYPES}")
+  if cfg.task.chat_template and cfg.model.source != "hf":
+    _fail("task.chat_template", True, "needs model.source='hf' (a checkpoint with a chat template)")
   if cfg.sampler.top_k < 0:
     _fail("sampler.top_k", cfg.sampler.top_k, "must be >= 0 (0 disables top-k)")
   if not 0.0 < cfg.sampler.top_p <= 1.0:

@@ -7,6 +7,7 @@ generates a completion, decodes it, and calls ``Task.reward(completion, example)
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Callable, Protocol, Sequence
 
 
@@ -72,3 +73,31 @@ def binary_reward(score: Callable[[str | None], float], completion: str) -> floa
     0.0 or 1.0.
   """
   return 1.0 if score(extract_answer(completion)) >= 1.0 else 0.0
+
+
+ANSWER_EXTRACTIONS = ("bare", "math")
+
+
+def math_reward(gold: str, completion: str) -> float:
+  """Binary reward by ``math-verify``: 1.0 when the completion's final answer equals ``gold``.
+
+  For chain-of-thought completions (GSM8K style): math-verify extracts the answer the
+  completion states — ``\\boxed{...}``, a final "the answer is ...", else the last
+  number — and compares it with ``gold`` symbolically (``18`` = ``18.0`` = ``\\frac{36}{2}``).
+  math-verify's own signal-based timeouts are disabled (they only work on the main
+  thread); the caller's ``task.reward_timeout_s`` bounds the call instead.
+
+  Args:
+    gold: the reference answer text, e.g. ``"18"``.
+    completion: decoded completion text.
+
+  Returns:
+    0.0 or 1.0.
+  """
+  from math_verify import parse, verify
+  logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled" notes
+  target = parse(f"${gold}$", parsing_timeout=None)
+  found = parse(completion, parsing_timeout=None)
+  if not target or not found:
+    return 0.0
+  return 1.0 if verify(target, found, timeout_seconds=None) else 0.0

@@ -8,7 +8,7 @@ from typing import Any
 
 import reasoning_gym
 
-from jaxreplay.tasks.base import Example, binary_reward
+from jaxreplay.tasks.base import ANSWER_EXTRACTIONS, Example, binary_reward, math_reward
 
 # reasoning-gym builds item i from a generator seeded with seed + i, so the held-out
 # split uses a seed this far from the train seed, and is deduplicated by question text
@@ -25,6 +25,9 @@ class ReasoningGymTask:
     train: training examples (deterministic from ``seed``).
     heldout: held-out examples; no question text also appears in ``train``.
     duplicates_dropped: held-out items removed because their question was in train.
+    answer_extraction: ``"bare"`` — the completion is the answer, scored by the dataset's
+      own ``score_answer``; ``"math"`` — chain-of-thought completions, the final answer
+      extracted and compared with the gold answer by math-verify (``base.math_reward``).
   """
 
   name: str
@@ -32,9 +35,13 @@ class ReasoningGymTask:
   heldout: list[Example]
   duplicates_dropped: int
   _dataset: Any
+  answer_extraction: str = "bare"
 
   def reward(self, completion: str, example: Example) -> float:
-    """Binary reward from the dataset's own ``score_answer`` (see ``binary_reward``)."""
+    """Binary reward: the dataset's own ``score_answer`` (see ``binary_reward``), or
+    math-verify against ``example.answer`` when ``answer_extraction='math'``."""
+    if self.answer_extraction == "math":
+      return math_reward(example.answer, completion)
     return binary_reward(lambda a: self._dataset.score_answer(a, example.meta), completion)
 
 
@@ -44,8 +51,8 @@ def _examples(dataset, template: str) -> list[Example]:
 
 
 def make_reasoning_gym_task(name: str, seed: int, train_size: int, heldout_size: int,
-                            kwargs: dict[str, Any], prompt_template: str = "{question}"
-                            ) -> ReasoningGymTask:
+                            kwargs: dict[str, Any], prompt_template: str = "{question}",
+                            answer_extraction: str = "bare") -> ReasoningGymTask:
   """Builds train and held-out splits of a reasoning-gym dataset.
 
   Args:
@@ -57,6 +64,7 @@ def make_reasoning_gym_task(name: str, seed: int, train_size: int, heldout_size:
     prompt_template: ``str.format`` template of the prompt over ``question`` and the
       item's metadata fields (chain_sum has ``expression``). ``"{question}"`` shows the
       full reasoning-gym question; ``"{expression} ="`` drops its constant instruction.
+    answer_extraction: ``"bare"`` or ``"math"`` (see ``ReasoningGymTask``).
 
   Returns:
     A ``ReasoningGymTask``.
@@ -71,6 +79,9 @@ def make_reasoning_gym_task(name: str, seed: int, train_size: int, heldout_size:
     hint = f" (did you mean {near[0]!r}?)" if near else ""
     raise ValueError(f"task.name={name!r} is not a reasoning-gym dataset{hint}; valid: "
                      f"{sorted(DATASETS)}")
+  if answer_extraction not in ANSWER_EXTRACTIONS:
+    raise ValueError(f"task.answer_extraction={answer_extraction!r} is not one of "
+                     f"{ANSWER_EXTRACTIONS}")
   if train_size <= 0 or heldout_size <= 0:
     raise ValueError(f"task.train_size={train_size} and task.heldout_size={heldout_size} "
                      "must both be > 0")
@@ -89,4 +100,5 @@ def make_reasoning_gym_task(name: str, seed: int, train_size: int, heldout_size:
     raise ValueError(f"task {name!r}: every held-out item also appears in train; "
                      "raise task.heldout_size or widen the difficulty")
   return ReasoningGymTask(name=name, train=train, heldout=heldout,
-                          duplicates_dropped=len(held_all) - len(heldout), _dataset=train_ds)
+                          duplicates_dropped=len(held_all) - len(heldout), _dataset=train_ds,
+                          answer_extraction=answer_extraction)

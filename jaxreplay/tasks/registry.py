@@ -13,7 +13,8 @@ def make_task(cfg):
 
   Args:
     cfg: the ``task`` ConfigDict (``source``, ``name``, ``seed``, ``train_size``,
-      ``heldout_size``, ``kwargs``, ``prompt_template``, ``train_path``, ``heldout_path``).
+      ``heldout_size``, ``kwargs``, ``prompt_template``, ``answer_extraction``,
+      ``train_path``, ``heldout_path``).
 
   Returns:
     An object satisfying ``jaxreplay.tasks.Task``.
@@ -23,7 +24,8 @@ def make_task(cfg):
   """
   if cfg.source == "reasoning_gym":
     return make_reasoning_gym_task(cfg.name, cfg.seed, cfg.train_size, cfg.heldout_size,
-                                   dict(cfg.kwargs), cfg.prompt_template)
+                                   dict(cfg.kwargs), cfg.prompt_template,
+                                   cfg.get("answer_extraction", "bare"))
   if cfg.source == "jsonl":
     return make_jsonl_task(cfg.train_path, cfg.heldout_path)
   raise ValueError(f"task.source={cfg.source!r} is not one of {SOURCES}")

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from jaxreplay import config as config_lib
 from jaxreplay import replay
+from jaxreplay.models import hf as hf_models
 from jaxreplay.models.tokenizer import load_or_train_tokenizer
 from jaxreplay.rl.advantages import compute_advantages
 from jaxreplay.replay import stats as replay_stats
@@ -36,7 +37,7 @@ from jaxreplay.train import checkpoint as ckpt_lib
 from jaxreplay.train.data import PromptStream
 from jaxreplay.train.evaluate import evaluate
 from jaxreplay.train.metrics import MetricWriter
-from jaxreplay.train.policy import TextIO, score
+from jaxreplay.train.policy import HFTextIO, TextIO, score
 from jaxreplay.train.warmstart import base_policy_key, load_or_train_base_policy
 
 
@@ -151,6 +152,39 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int
                    "truncated_frac": float(np.asarray(gen.truncated).mean())}
 
 
+def load_policy(cfg, task, log=print):
+  """The starting policy and its text I/O, by ``model.source``.
+
+  ``builtin``: the byte-level BPE tokenizer and the small decoder of ``cfg.model``,
+  warm-started on the task (cached under ``warmstart.cache_dir``). ``hf``: a Hugging Face
+  checkpoint directory ``model.path`` (``config.json``, safetensors, ``tokenizer.json``),
+  loaded as is in ``model.dtype`` / ``model.param_dtype``; prompts go through its chat
+  template when ``task.chat_template``.
+
+  Returns:
+    (io: TextIO, graphdef, params, info dict with at least ``path``).
+
+  Raises:
+    jaxreplay.models.hf.CheckpointMismatchError: checkpoint tensors that do not match its
+      config (every mismatch listed). FileNotFoundError: files missing from ``model.path``.
+  """
+  if cfg.model.source == "hf":
+    io = HFTextIO.from_pretrained(cfg.model.path, cfg.task.prompt_width, cfg.task.on_too_long,
+                                  chat=cfg.task.chat_template,
+                                  system_prompt=cfg.task.system_prompt)
+    _, graphdef, params = hf_models.from_pretrained(cfg.model.path, dtype=cfg.model.dtype,
+                                                    param_dtype=cfg.model.param_dtype)
+    log(f"loaded {cfg.model.path}")
+    return io, graphdef, params, {"path": os.path.abspath(cfg.model.path), "cached": True}
+  base_dir = os.path.join(cfg.warmstart.cache_dir, base_policy_key(cfg))
+  tok = load_or_train_tokenizer(os.path.join(base_dir, "tokenizer.json"),
+                                [e.prompt + " " + e.answer for e in task.train],
+                                cfg.model.vocab_size)
+  io = TextIO.create(tok, cfg.task.prompt_width, cfg.task.on_too_long)
+  graphdef, params, info = load_or_train_base_policy(cfg, io, task, log)
+  return io, graphdef, params, info
+
+
 def run(cfg, log=print) -> dict:
   """Runs the whole job described by ``cfg``; resumes from ``cfg.workdir`` if it holds a checkpoint.
 
@@ -182,12 +216,7 @@ def run(cfg, log=print) -> dict:
     raise config_lib.ConfigError(str(e)) from None
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(cfg.to_json_best_effort(indent=2))
-  base_dir = os.path.join(cfg.warmstart.cache_dir, base_policy_key(cfg))
-  tok = load_or_train_tokenizer(os.path.join(base_dir, "tokenizer.json"),
-                                [e.prompt + " " + e.answer for e in task.train],
-                                cfg.model.vocab_size)
-  io = TextIO.create(tok, cfg.task.prompt_width, cfg.task.on_too_long)
-  graphdef, params, base_info = load_or_train_base_policy(cfg, io, task, log)
+  io, graphdef, params, base_info = load_policy(cfg, task, log)
   heldout = task.heldout[:cfg.eval.num_examples]
   m = cfg.sampler.max_new_tokens
   evaluate_fn = functools.partial(evaluate, graphdef, io=io, task=task, examples=heldout,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer
 
+from jaxreplay.models.hf_tokenizer import HFTokenizer
 from jaxreplay.models.tokenizer import decode_completions, encode_prompts, special_ids
 from jaxreplay.tasks.base import Example
 
@@ -47,6 +48,54 @@ class TextIO:
   def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
     """Completion texts of [B, M] token rows."""
     return decode_completions(self.tok, np.asarray(tokens), np.asarray(mask))
+
+
+@dataclasses.dataclass(frozen=True)
+class HFTextIO(TextIO):
+  """``TextIO`` for a Hugging Face checkpoint's tokenizer (``models.hf_tokenizer``).
+
+  Prompts are wrapped in the checkpoint's chat template when ``chat`` is set (one user
+  turn, after an optional system turn, with the assistant generation header), else
+  encoded with the tokenizer's own special tokens. Stop ids: the checkpoint's
+  ``eos_token_id`` list plus its ``eos_token``.
+
+  Attributes:
+    hf: the ``HFTokenizer``. chat: apply the chat template. system_prompt: text of a
+    system turn ("" = none).
+  """
+
+  hf: Any = None
+  chat: bool = False
+  system_prompt: str = ""
+
+  @classmethod
+  def from_pretrained(cls, path: str, prompt_width: int, on_too_long: str = "truncate_left",
+                      chat: bool = False, system_prompt: str = "") -> "HFTextIO":
+    """Loads ``path/tokenizer.json`` and its configs.
+
+    Raises:
+      FileNotFoundError: no ``tokenizer.json``. ValueError: ``chat`` without a chat
+      template, or no stop id.
+    """
+    hf = HFTokenizer.from_pretrained(path)
+    if chat and not hf.chat_template:
+      raise ValueError(f"task.chat_template=True but {path} has no chat_template")
+    return cls(tok=hf.tokenizer, prompt_width=prompt_width, eos_ids=hf.stop_ids,
+               pad_id=hf.pad_id, on_too_long=on_too_long, hf=hf, chat=chat,
+               system_prompt=system_prompt)
+
+  def prompts(self, examples: Sequence[Example]):
+    """(tokens [B, P] int32, mask [B, P] bool, keep [B] bool), left-padded with ``pad_id``."""
+    if not self.chat:
+      return self.hf.encode_prompts([e.prompt for e in examples], self.prompt_width,
+                                    on_too_long=self.on_too_long)
+    sys_turn = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+    chats = [sys_turn + [{"role": "user", "content": e.prompt}] for e in examples]
+    return self.hf.encode_chats(chats, self.prompt_width, on_too_long=self.on_too_long)
+
+  def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
+    """Completion texts of [B, M] token rows (special tokens dropped)."""
+    return self.hf.decode_completions(tokens, mask)
 
 
 def _call_with_timeout(fn, timeout_s: float):

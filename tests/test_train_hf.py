@@ -1,0 +1,106 @@
+"""The Hugging Face preset end to end: configs/qwen2_5_0_5b.py on a tiny random Qwen2
+checkpoint (safetensors + tokenizer.json + ChatML template), chat-templated GSM-style
+prompts, math-verify rewards, and an exact on-policy importance ratio at the first step."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from jaxreplay import config as config_lib  # noqa: E402
+from jaxreplay.tasks.base import math_reward  # noqa: E402
+from jaxreplay.train.loop import run  # noqa: E402
+from jaxreplay.train.policy import HFTextIO  # noqa: E402
+from test_models_tokenizer import CHATML  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def make_checkpoint(directory):
+  """A tiny random Qwen2 with a ChatML tokenizer trained on GSM-style text."""
+  import reasoning_gym
+  texts = [e["question"] + " " + str(e["answer"])
+           for e in reasoning_gym.create_dataset("gsm_symbolic", size=40, seed=0)]
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.train_from_iterator(texts, trainers.BpeTrainer(
+      vocab_size=512, special_tokens=SPECIALS, show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  tok.save(os.path.join(directory, "tokenizer.json"))
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump({"chat_template": CHATML, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, f)
+  torch.manual_seed(0)
+  hcfg = transformers.Qwen2Config(
+      vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+      max_position_embeddings=1024, tie_word_embeddings=True,
+      eos_token_id=tok.token_to_id("<|im_end|>"))
+  transformers.Qwen2ForCausalLM(hcfg).save_pretrained(directory)
+  return tok
+
+
+def test_math_reward_reads_the_final_answer():
+  assert math_reward("18", "16 - 3 - 4 = 9 eggs, 9 * 2 = 18, so \\boxed{18}.") == 1.0
+  assert math_reward("18", "The answer is 18.0") == 1.0
+  assert math_reward("18", "\\boxed{17}") == 0.0
+  assert math_reward("18", "") == 0.0
+
+
+def test_hf_preset_needs_a_checkpoint_path():
+  c = config_lib.load_config(os.path.join(ROOT, "configs", "qwen2_5_0_5b.py"))
+  with pytest.raises(config_lib.ConfigError, match="model.path=''"):
+    config_lib.validate(c)
+  c.model.path = "/nonexistent"
+  with pytest.raises(config_lib.ConfigError, match="missing: config.json, tokenizer.json"):
+    config_lib.validate(c)
+
+
+@pytest.mark.slow
+def test_qwen_preset_runs_on_a_tiny_checkpoint(tmp_path):
+  ckpt = tmp_path / "ckpt"
+  ckpt.mkdir()
+  tok = make_checkpoint(str(ckpt))
+  for name in ("qwen2_5_0_5b", "qwen2_5_7b"):  # both presets validate with a path
+    c = config_lib.load_config(os.path.join(ROOT, "configs", f"{name}.py"))
+    c.model.path = str(ckpt)
+    config_lib.validate(c)
+  c = config_lib.load_config(os.path.join(ROOT, "configs", "qwen2_5_0_5b.py"))
+  c.model.update(path=str(ckpt), dtype="float32")
+  c.workdir = str(tmp_path / "run")
+  c.task.update(train_size=64, heldout_size=8)
+  c.sampler.max_new_tokens = 8
+  c.rollout.update(per_step=16, group_size=8)
+  c.buffer.capacity = 32
+  c.train.update(steps=2, batch_size=16)
+  c.algo.update(num_minibatches=1, lr=1e-3)
+  c.eval.update(every=0, num_examples=4, samples_per_example=2)
+  c.checkpoint.every = 0
+  c.log.update(progress=False, tensorboard=False)
+
+  # Prompts: the checkpoint's chat template with the system turn, left-padded.
+  io = HFTextIO.from_pretrained(str(ckpt), c.task.prompt_width, chat=True,
+                                system_prompt=c.task.system_prompt)
+  from jaxreplay.tasks import make_task
+  ex = make_task(c.task).train[0]
+  toks, mask, keep = io.prompts([ex])
+  text = tok.decode(toks[0][mask[0]].tolist(), skip_special_tokens=False)
+  assert keep[0] and text.startswith("<|im_start|>system\nPlease reason step by step")
+  assert text.endswith(ex.prompt.strip() + "<|im_end|>\n<|im_start|>assistant\n")
+  assert io.eos_ids == (tok.token_to_id("<|im_end|>"),)
+
+  summary = run(c, log=lambda *_: None)
+  assert summary["steps"] == 2 and summary["generated_rollouts"] == 32
+  rows = [json.loads(line) for line in open(os.path.join(c.workdir, "metrics.jsonl"))]
+  first = next(r for r in rows if r["step"] == 1)
+  # Step 1 trains on rollouts of the unchanged policy: the ratio is exactly 1.
+  assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+  assert first["clip_frac"] == 0.0
+  assert 0.0 <= first["reward"] <= 1.0
