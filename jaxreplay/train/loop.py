@@ -606,4 +606,7 @@ def run_async_learner(cfg, state, buffer, limiter, limiter_state, bar, root_key,
   finally:
     if not gen.stop():
       log("async mode: the generator thread did not stop in time (left as a daemon)")
+  with gen.cond:  # rollouts inserted after the last step still count in the ledger
+    for k, v in gen.take()[1].items():
+      counts[k] += v
   return state, gen.buffer, gen.limiter_state
