@@ -64,7 +64,22 @@ def get_config():
       max_times_sampled=config_dict.placeholder(int),
   ))
   # B = 2R: each rollout is trained on twice on average; N = 4R: at most 3 versions stale.
-  c.train = config_dict.ConfigDict(dict(steps=200, batch_size=256))  # B
+  # mode: "sync" (generate with the current policy, then train: the paper's theory model),
+  # "simulated_async" (deterministic; generate with the policy of exactly ``lag`` learner
+  # steps ago), "async" (a generator thread with its own weights, refreshed every
+  # ``weight_sync_every`` learner steps; the rate limiter paces generation and training;
+  # not bit-reproducible). On-policy is N = R = B in any mode.
+  c.train = config_dict.ConfigDict(dict(steps=200, batch_size=256, mode="sync", lag=1,
+                                        weight_sync_every=1, async_timeout_s=600.0))
+  # Reverb-style samples-per-insert limiter (async mode). samples_per_insert ρ is the replay
+  # ratio it holds — the one-host stand-in for the paper's W/T split (W/T = μ/ρ); unset:
+  # B/R. min_fill: items before the first sample (unset: B). error_buffer: tolerance of
+  # ρ·inserted − sampled, in sequences (unset: ρR + B, twice the deadlock-free minimum).
+  c.rate_limiter = config_dict.ConfigDict(dict(
+      samples_per_insert=config_dict.placeholder(float),
+      min_fill=config_dict.placeholder(int),
+      error_buffer=config_dict.placeholder(float),
+  ))
 
   c.algo = config_dict.ConfigDict(dict(
       # estimators: grpo, dr_grpo, rloo, gae; losses: ppo_clip, tis, decoupled, gspo,
@@ -82,7 +97,13 @@ def get_config():
       max_consecutive_skips=10,
   ))
 
-  c.eval = config_dict.ConfigDict(dict(every=25, num_examples=1000, samples_per_example=4))
+  # Held-out evaluation: greedy and sampled accuracy, pass@k (k = 1, 2, 4, ... up to
+  # samples_per_example), length and fresh-sample entropy; temperature unset: the sampler's.
+  c.eval = config_dict.ConfigDict(dict(every=25, num_examples=1000, samples_per_example=4,
+                                       temperature=config_dict.placeholder(float)))
+  # Drift monitor: every ``every`` steps (0 = off) score ``num_samples`` buffer items under
+  # the current policy: KL(behaviour ‖ current), IS effective sample size, reward by staleness.
+  c.drift = config_dict.ConfigDict(dict(every=10, num_samples=256))
   c.checkpoint = config_dict.ConfigDict(dict(every=50, max_to_keep=2))
   c.log = config_dict.ConfigDict(dict(progress=True, tensorboard=True))
   return c

@@ -59,6 +59,26 @@ def derived(cfg) -> dict:
           "staleness_horizon": cfg.buffer.capacity / r}
 
 
+MODES = ("sync", "simulated_async", "async")
+
+
+def rate_limiter_settings(cfg) -> dict:
+  """The rate limiter's resolved settings, unset fields derived from B and R.
+
+  Returns:
+    {"samples_per_insert": ρ (default B/R), "min_size_to_sample": max(min_fill, B)
+     (default B: a batch of B distinct items needs B items), "error_buffer": e (default
+     ρR + B, twice the smallest deadlock-free tolerance of ``RateLimiter.check_sizes``)}.
+  """
+  rl = cfg.get("rate_limiter", {})
+  b, r = cfg.train.batch_size, cfg.rollout.per_step
+  rho = rl.get("samples_per_insert") or b / r
+  min_fill = rl.get("min_fill") or b
+  err = rl.get("error_buffer")
+  return {"samples_per_insert": float(rho), "min_size_to_sample": int(max(min_fill, b)),
+          "error_buffer": float(rho * r + b if err is None else err)}
+
+
 def validate(cfg) -> None:
   """Checks every field the run uses; raises ``ConfigError`` naming the first bad one.
 
@@ -126,3 +146,32 @@ def validate(cfg) -> None:
       _fail(f, cfg[sec][name], "must be > 0")
   if cfg.eval.every < 0 or cfg.checkpoint.every < 0:
     _fail("eval.every / checkpoint.every", (cfg.eval.every, cfg.checkpoint.every), "must be >= 0")
+  train = cfg.train
+  _choice(cfg, "train.mode", MODES)
+  if train.get("lag", 0) < 0:
+    _fail("train.lag", train.lag, "must be >= 0 (learner steps)")
+  if train.get("weight_sync_every", 1) < 1:
+    _fail("train.weight_sync_every", train.weight_sync_every, "must be >= 1 (learner steps)")
+  if train.mode == "async":
+    rl = rate_limiter_settings(cfg)
+    if not rl["samples_per_insert"] > 0:
+      _fail("rate_limiter.samples_per_insert", rl["samples_per_insert"], "must be > 0")
+    if rl["min_size_to_sample"] > cfg.buffer.capacity:
+      _fail("rate_limiter.min_fill", cfg.rate_limiter.min_fill,
+            f"must be <= buffer.capacity={cfg.buffer.capacity}: the buffer could never hold "
+            "enough items to sample")
+    need = (rl["samples_per_insert"] * r + cfg.train.batch_size) / 2
+    if rl["error_buffer"] < need:
+      _fail("rate_limiter.error_buffer", rl["error_buffer"],
+            f"must be >= (samples_per_insert*rollout.per_step + train.batch_size)/2 = {need}: "
+            "a smaller tolerance can block both generation and training (deadlock)")
+  if cfg.get("drift") is not None:
+    if cfg.drift.every < 0:
+      _fail("drift.every", cfg.drift.every, "must be >= 0 (0 = off)")
+    if cfg.drift.every and cfg.drift.num_samples < 1:
+      _fail("drift.num_samples", cfg.drift.num_samples, "must be >= 1")
+  spe = cfg.eval.samples_per_example
+  if spe < 1:
+    _fail("eval.samples_per_example", spe, "must be >= 1")
+  if cfg.eval.get("temperature") is not None and cfg.eval.temperature <= 0:
+    _fail("eval.temperature", cfg.eval.temperature, "must be > 0 (unset: sampler.temperature)")

@@ -2,8 +2,9 @@
 
 Writes PNG files (one curve per run): held-out accuracy against generated tokens (the
 paper's compute axis), against learner steps and against measured time (generation +
-training + evaluation seconds), training-batch entropy against steps, and the staleness
-histogram of the sampled batches summed over the run.
+training + evaluation seconds) and, when logged, against estimated generation FLOPs;
+training-batch entropy against steps (with the held-out fresh-sample entropy), and the
+staleness histogram of the sampled batches summed over the run.
 """
 
 from __future__ import annotations
@@ -60,9 +61,15 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> list[str]:
       recs[0].setdefault("generated_tokens", 0)
       recs[0].setdefault("time_s", 0.0)
   paths = []
-  for x_key, label, fname in (("generated_tokens", "generated tokens", "acc_vs_tokens.png"),
-                              ("step", "learner step", "acc_vs_steps.png"),
-                              ("time_s", "measured time (s)", "acc_vs_time.png")):
+  axes = [("generated_tokens", "generated tokens", "acc_vs_tokens.png"),
+          ("step", "learner step", "acc_vs_steps.png"),
+          ("time_s", "measured time (s)", "acc_vs_time.png")]
+  if any("generation_flops" in r for recs in runs.values() for r in recs):
+    for recs in runs.values():
+      if recs and "eval/acc_sampled" in recs[0]:
+        recs[0].setdefault("generation_flops", 0.0)
+    axes.append(("generation_flops", "estimated generation FLOPs", "acc_vs_gen_flops.png"))
+  for x_key, label, fname in axes:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, recs in runs.items():
       for y_key, style in (("eval/acc_sampled", "-o"), ("eval/acc_greedy", "--s")):
@@ -79,8 +86,11 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> list[str]:
     pts = _series(recs, "step", "entropy")
     if len(pts):
       ax.plot(pts[:, 0], pts[:, 1], label=name)
+    fresh = _series(recs, "step", "eval/entropy_fresh")
+    if len(fresh):
+      ax.plot(fresh[:, 0], fresh[:, 1], "--o", ms=3, label=f"{name} (fresh samples, held-out)")
   ax.set_xlabel("learner step")
-  ax.set_ylabel("training-batch entropy (nats/token)")
+  ax.set_ylabel("entropy (nats/token)")
   ax.legend(fontsize=7)
   _save(fig, out_dir, "entropy.png", paths)
   fig, ax = plt.subplots(figsize=(6, 4))

@@ -74,3 +74,48 @@ def test_crashing_hanging_or_nan_rewards_score_zero_and_are_counted():
   rewards, failures = score(_FlakyTask(), ["ok", "boom", "nan"], [None] * 3)  # no timeout
   np.testing.assert_array_equal(rewards, [1, 0, 0])
   assert failures == 2
+
+
+def test_simulated_async_generates_with_the_version_lag_steps_ago():
+  from jaxreplay.train.loop import behaviour_params, behaviour_version
+  assert [behaviour_version(t, "simulated_async", 2) for t in range(5)] == [0, 0, 0, 1, 2]
+  assert [behaviour_version(t, "sync", 2) for t in range(3)] == [0, 1, 2]
+  state = type("S", (), {"params": "current"})()
+  assert behaviour_params(["oldest", "newer"], state, "simulated_async") == "oldest"
+  assert behaviour_params([], state, "simulated_async") == "current"  # lag 0 is sync
+  assert behaviour_params(["oldest"], state, "sync") == "current"
+
+
+def test_async_generator_inserts_within_the_limiter_and_stops_when_blocked():
+  """A fake producer (no model): the thread fills the buffer only as far as the rate
+  limiter allows (ρ·I − S <= offset + e), then blocks, and ``stop`` joins it."""
+  from jaxreplay import replay
+  from jaxreplay.replay import rate_limiter as rate_lib
+  from jaxreplay.rollout import empty_rollout
+  from jaxreplay.train.loop import AsyncGenerator, make_inserter
+  r, b = 4, 8
+  lim = rate_lib.RateLimiter(samples_per_insert=2.0, min_size_to_sample=b, error_buffer=16.0)
+
+  def produce(params, ref, version, key):
+    ro = empty_rollout(r, 3).replace(completion_mask=jnp.ones((r, 3), bool),
+                                     policy_version=jnp.full((r,), version, jnp.int32))
+    return ro, {"reward": 1.0}, {"generated_rollouts": r}
+
+  gen = AsyncGenerator(produce, make_inserter(r), lim, rate_lib.init(),
+                       replay.init(empty_rollout(1, 3), 32), {"w": jnp.zeros(2)}, None, 0,
+                       r, b, jax.random.key(0), 5.0, 0).start()
+  try:
+    with gen.cond:
+      gen.wait_for_sample()
+    import time
+    deadline = time.time() + 30.0
+    while int(gen.limiter_state.inserted) < 16 and time.time() < deadline:
+      time.sleep(0.05)
+    time.sleep(0.5)  # had it not blocked, it would insert more meanwhile
+    with gen.cond:
+      # offset = 2·8 = 16, e = 16: inserts stop once 2·I > 32, i.e. at I = 16 (4 chunks)
+      assert int(gen.limiter_state.inserted) == 16 and int(gen.buffer.size) == 16
+      assert gen.take()[1] == {"generated_rollouts": 16, "evicted_unused_rollouts": 0,
+                               "evicted_unused_tokens": 0}
+  finally:
+    assert gen.stop(timeout_s=5.0)

@@ -1,35 +1,88 @@
-"""Held-out evaluation: accuracy of greedy and of sampled completions."""
+"""Held-out evaluation: greedy and sampled accuracy, pass@k, length, fresh-sample entropy."""
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from jaxreplay.rl.update import token_logprobs
 from jaxreplay.sampling import generate
 from jaxreplay.tasks.base import Example
 from jaxreplay.train.policy import TextIO, score
 
+PASS_AT = (1, 2, 4, 8, 16)
+
+
+def pass_at_k(num_samples: np.ndarray, num_correct: np.ndarray, k: int) -> np.ndarray:
+  """Unbiased pass@k per problem (Chen et al. 2021, "Evaluating LLMs trained on code", eq. 1).
+
+  pass@k = 1 − C(n − c, k) / C(n, k), computed as 1 − Π_{i=n−c+1}^{n} (1 − k/i) for
+  numerical stability (the paper's Fig. 3 code).
+
+  Args:
+    num_samples: [E] int, n >= k samples per problem. num_correct: [E] int, c in [0, n].
+    k: int >= 1.
+
+  Returns:
+    [E] float64 in [0, 1].
+
+  Raises:
+    ValueError: k < 1 or some n < k.
+  """
+  n = np.asarray(num_samples, np.int64)
+  c = np.asarray(num_correct, np.int64)
+  if k < 1 or (n < k).any():
+    raise ValueError(f"pass@k needs 1 <= k <= samples per problem; got k={k}, n={n.min()}")
+  out = np.empty(n.shape, np.float64)
+  for j, (nj, cj) in enumerate(zip(n.reshape(-1), c.reshape(-1))):
+    if nj - cj < k:
+      out.reshape(-1)[j] = 1.0
+    else:
+      out.reshape(-1)[j] = 1.0 - np.prod(1.0 - k / np.arange(nj - cj + 1, nj + 1))
+  return out
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature"))
+def _entropy_sum(graphdef, params, prompt_tokens, prompt_mask, tokens, mask, *, temperature):
+  """(Σ entropy, token count) over completion tokens of one generated chunk."""
+  full = jnp.concatenate([prompt_tokens, tokens], 1)
+  attn = jnp.concatenate([prompt_mask, mask], 1)
+  comp = jnp.concatenate([jnp.zeros_like(prompt_mask), mask], 1)
+  _, ent = token_logprobs(graphdef, params, full, attn, temperature)
+  return jnp.where(comp, ent, 0.0).sum(), comp.sum()
+
 
 def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], key: jax.Array,
              max_new_tokens: int, temperature: float, samples_per_example: int,
-             chunk: int = 1024) -> dict[str, float]:
-  """Held-out accuracy: greedy (temperature 0) and sampled at ``temperature``.
+             chunk: int = 1024, correct_threshold: float = 1.0) -> dict[str, float]:
+  """Held-out accuracy: greedy (temperature 0) and sampled at ``temperature``, with pass@k.
+
+  The sampled pass draws ``samples_per_example`` completions per example; pass@k for
+  k in ``PASS_AT`` up to that count uses the unbiased estimator (``pass_at_k``) with
+  "correct" meaning reward >= ``correct_threshold``. The fresh-sample entropy is the
+  mean per-token entropy of the policy's (tempered) next-token distribution over the
+  completion tokens it just sampled — comparable to the training-batch ``entropy``,
+  which is measured on replayed, possibly stale samples.
 
   Args:
     graphdef, params: the policy. io: text helpers. task: gives ``reward``.
     examples: held-out examples. key: PRNG key for the sampled pass.
-    max_new_tokens: M. temperature: sampling temperature of the sampled pass.
+    max_new_tokens: M. temperature: sampling temperature of the sampled pass (> 0).
     samples_per_example: completions per example in the sampled pass.
     chunk: rows per generate call (fixed so shapes, hence compiles, repeat).
+    correct_threshold: reward at or above which a completion counts as correct.
 
   Returns:
-    {"acc_greedy", "acc_sampled", "len_sampled"}: fractions in [0, 1] and mean
-    completion length in tokens.
+    {"acc_greedy", "acc_sampled" (= mean reward of the sampled pass), "len_sampled"
+    (mean completion length, tokens), "entropy_fresh" (nats per token),
+    "pass@k" for each k in PASS_AT with k <= samples_per_example (fractions in [0, 1])}.
   """
-  def run(exs, temp, k):
-    rewards, lengths = [], []
+  def run(exs, temp, k, with_entropy=False):
+    rewards, lengths, ent = [], [], [0.0, 0]
     for s in range(0, len(exs), chunk):
       part = list(exs[s:s + chunk])
       n = len(part)
@@ -41,9 +94,22 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
       r, _ = score(task, io.decode(g.tokens[:n], g.mask[:n]), part[:n])
       rewards.append(r)
       lengths.append(np.asarray(g.length[:n]))
-    return float(np.concatenate(rewards).mean()), float(np.concatenate(lengths).mean())
+      if with_entropy:
+        keep = jnp.arange(len(part)) < n  # padding rows of the last chunk do not count
+        e_sum, e_cnt = _entropy_sum(graphdef, params, jnp.asarray(toks), jnp.asarray(mask),
+                                    g.tokens, g.mask & keep[:, None], temperature=temp)
+        ent[0] += float(e_sum)
+        ent[1] += int(e_cnt)
+    return np.concatenate(rewards), np.concatenate(lengths), ent[0] / max(ent[1], 1)
 
-  acc_g, _ = run(examples, 0.0, key)
+  r_g, _, _ = run(examples, 0.0, key)
   rep = [e for e in examples for _ in range(samples_per_example)]
-  acc_s, len_s = run(rep, temperature, key)
-  return {"acc_greedy": acc_g, "acc_sampled": acc_s, "len_sampled": len_s}
+  r_s, len_s, ent = run(rep, temperature, key, with_entropy=True)
+  out = {"acc_greedy": float(r_g.mean()), "acc_sampled": float(r_s.mean()),
+         "len_sampled": float(len_s.mean()), "entropy_fresh": float(ent)}
+  correct = (r_s >= correct_threshold).reshape(len(examples), samples_per_example).sum(1)
+  n = np.full(len(examples), samples_per_example)
+  for k in PASS_AT:
+    if k <= samples_per_example:
+      out[f"pass@{k}"] = float(pass_at_k(n, correct, k).mean())
+  return out

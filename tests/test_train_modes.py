@@ -1,0 +1,182 @@
+"""The trainer's modes on a tiny config: simulated_async staleness and exact resume,
+threaded async (staleness, replay ratio held by the rate limiter, clean shutdown), config
+validation, and the compute ledger of a run adding up."""
+
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from jaxreplay.config import ConfigError, validate
+from jaxreplay.train import loop as loop_lib
+from jaxreplay.train.loop import run
+from jaxreplay.train.metrics import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMING = ("generate_s", "train_s", "eval_s")
+B, R, C = 32, 16, 64
+
+
+def tiny_config(workdir, cache_dir, **overrides):
+  from jaxreplay.config import load_config
+  c = load_config(os.path.join(ROOT, "configs", "small.py"))
+  c.workdir = str(workdir)
+  c.warmstart.cache_dir = str(cache_dir)
+  c.warmstart.steps = 20
+  c.task.train_size, c.task.heldout_size = 400, 64
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
+  c.rollout.update(per_step=R, group_size=4)
+  c.buffer.capacity = C
+  c.train.update(steps=6, batch_size=B)
+  c.algo.warmup_steps = 1
+  c.eval.update(every=3, num_examples=8, samples_per_example=2)
+  c.checkpoint.every = 3
+  c.drift.update(every=3, num_samples=32)
+  c.log.progress = False
+  c.log.tensorboard = False
+  for k, v in overrides.items():
+    node = c
+    *path, last = k.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = v
+  return c
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp("tiny_base_policies")
+
+
+def _strip(records):
+  return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+
+def _quiet(*_):
+  pass
+
+
+def test_mode_and_rate_limiter_validation(tmp_path):
+  c = tiny_config(tmp_path, tmp_path)
+  validate(c)
+  with pytest.raises(ConfigError, match=r"train.mode='asynk'.*'sync', 'simulated_async', "
+                                        r"'async'.*did you mean 'async'"):
+    validate(tiny_config(tmp_path, tmp_path, **{"train.mode": "asynk"}))
+  with pytest.raises(ConfigError, match=r"train.lag=-1"):
+    validate(tiny_config(tmp_path, tmp_path, **{"train.mode": "simulated_async",
+                                                "train.lag": -1}))
+  with pytest.raises(ConfigError, match=r"train.weight_sync_every=0"):
+    validate(tiny_config(tmp_path, tmp_path, **{"train.weight_sync_every": 0}))
+  # (ρR + B)/2 = (2·16 + 32)/2 = 32 is the smallest deadlock-free tolerance
+  with pytest.raises(ConfigError, match=r"rate_limiter.error_buffer=31.0.*= 32.0"):
+    validate(tiny_config(tmp_path, tmp_path, **{"train.mode": "async",
+                                                "rate_limiter.error_buffer": 31.0}))
+  validate(tiny_config(tmp_path, tmp_path, **{"train.mode": "async",
+                                              "rate_limiter.error_buffer": 32.0}))
+  with pytest.raises(ConfigError, match=r"rate_limiter.min_fill=65.*buffer.capacity=64"):
+    validate(tiny_config(tmp_path, tmp_path, **{"train.mode": "async",
+                                                "rate_limiter.min_fill": 65}))
+  with pytest.raises(ConfigError, match=r"drift.every=-1"):
+    validate(tiny_config(tmp_path, tmp_path, **{"drift.every": -1}))
+
+
+def test_simulated_async_lag_and_exact_resume(cache_dir, tmp_path):
+  """Rollouts of step t come from version max(t − lag, 0); n + resume + n == 2n."""
+  kw = {"train.mode": "simulated_async", "train.lag": 2}
+  s = run(tiny_config(tmp_path / "a", cache_dir, **kw), log=_quiet)
+  a = read_metrics(tmp_path / "a")
+  steps = [r for r in a if "staleness_hist" in r]
+  assert len(steps) == 6
+  for t, rec in enumerate(steps):
+    hist = rec["staleness_hist"]
+    assert sum(hist) == B
+    # the freshest rollouts at step t were made by version max(t−2, 0): staleness min(t, 2)
+    assert sum(hist[:min(t, 2)]) == 0 and hist[min(t, 2)] > 0, (t, hist)
+  assert steps[-1]["staleness_max"] >= 3
+  # drift is logged on the buffer sample at steps 3 and 6, every row in a staleness bucket
+  d6 = steps[-1]
+  buckets = [k for k in d6 if k.startswith("drift/s") and k.endswith("/count")]
+  assert d6["drift/count"] == 32 and sum(d6[k] for k in buckets) == 32
+  assert d6["drift/s0/count"] == 0 and d6["drift/s1/count"] == 0  # nothing fresher than lag
+  assert d6["drift/kl"] > 0
+  # the ledger adds up: every generated token was trained on, overwritten unused, or is
+  # still in the buffer unused
+  led = s["ledger"]
+  assert led["generated_tokens"] == (led["first_use_tokens"] + led["evicted_unused_tokens"]
+                                     + led["unused_in_buffer_tokens"])
+  assert led["generated_rollouts"] == 6 * R and led["trained_samples"] == 6 * B
+  assert led["replay_ratio"] == 2.0 and led["mu_flops"] > 0
+  assert led["gamma_flops"] == pytest.approx((1 + led["mu_flops"] / 2) / (1 + led["mu_flops"]))
+  assert {"eval/pass@1", "eval/pass@2", "eval/entropy_fresh"} <= set(steps[-1])
+  assert steps[-1]["eval/pass@1"] == pytest.approx(steps[-1]["eval/acc_sampled"], abs=1e-6)
+  # interrupted after 3 steps (the snapshot ring is in the checkpoint), then resumed
+  run(tiny_config(tmp_path / "c", cache_dir, **{**kw, "train.steps": 3}), log=_quiet)
+  logs = []
+  run(tiny_config(tmp_path / "c", cache_dir, **kw), log=logs.append)
+  assert any("resumed" in str(m) and "step 3" in str(m) for m in logs)
+  assert _strip(read_metrics(tmp_path / "c")) == _strip(a)
+
+
+def _generator_threads():
+  return [t for t in threading.enumerate() if t.name == "jaxreplay-generator" and t.is_alive()]
+
+
+def test_async_staleness_replay_ratio_and_clean_shutdown(cache_dir, tmp_path):
+  c = tiny_config(tmp_path / "x", cache_dir, **{"train.mode": "async", "train.steps": 8,
+                                                 "eval.every": 0, "checkpoint.every": 4})
+  s = run(c, log=_quiet)
+  assert not _generator_threads()
+  recs = [r for r in read_metrics(tmp_path / "x") if "staleness_hist" in r]
+  assert len(recs) == 8
+  rho, e, offset = 2.0, 2.0 * R + B, 2.0 * B  # defaults: ρ = B/R, e = ρR + B, min fill B
+  for r in recs:
+    diff = rho * r["limiter_inserted"] - r["limiter_sampled"]
+    assert offset - e <= diff <= offset + e, r
+    assert r["limiter_sampled"] == r["trained_samples"]
+  assert recs[-1]["trained_samples"] == 8 * B
+  assert sum(sum(r["staleness_hist"][1:]) for r in recs) > 0  # stale samples appear
+  led = s["ledger"]
+  assert led["generated_rollouts"] >= recs[-1]["limiter_inserted"]
+  assert led["generated_tokens"] == (led["first_use_tokens"] + led["evicted_unused_tokens"]
+                                     + led["unused_in_buffer_tokens"])
+  last = recs[-1]
+  assert abs(last["trained_samples"] / last["limiter_inserted"] - rho) \
+      <= (offset + e) / last["limiter_inserted"]
+  assert s["mode"] == "async" and s["learner_wait_s"] >= 0
+
+
+def test_async_generator_failure_is_raised_and_the_thread_joined(cache_dir, tmp_path,
+                                                                 monkeypatch):
+  real, calls = loop_lib.generate_rollouts, []
+
+  def flaky(*a, **k):
+    calls.append(1)
+    if len(calls) > 2:
+      raise ValueError("sampler exploded")
+    return real(*a, **k)
+
+  monkeypatch.setattr(loop_lib, "generate_rollouts", flaky)
+  c = tiny_config(tmp_path / "f", cache_dir, **{"train.mode": "async", "train.steps": 50,
+                                                 "eval.every": 0, "checkpoint.every": 0,
+                                                 "train.async_timeout_s": 60.0})
+  with pytest.raises(RuntimeError, match="generator thread failed.*sampler exploded"):
+    run(c, log=_quiet)
+  assert not _generator_threads()
+
+
+def test_async_learner_failure_stops_the_generator(cache_dir, tmp_path, monkeypatch):
+  real = loop_lib.MetricWriter.write
+
+  def write(self, step, metrics):
+    if step == 2:
+      raise OSError("disk full")
+    return real(self, step, metrics)
+
+  monkeypatch.setattr(loop_lib.MetricWriter, "write", write)
+  c = tiny_config(tmp_path / "g", cache_dir, **{"train.mode": "async", "train.steps": 50,
+                                                 "eval.every": 0, "checkpoint.every": 0})
+  with pytest.raises(OSError, match="disk full"):
+    run(c, log=_quiet)
+  assert not _generator_threads()
