@@ -44,6 +44,13 @@ def noisy_answers(answers, noise: float, rng: np.random.Generator) -> list[str]:
   return out
 
 
+def builtin_model_config(model_cfg) -> TransformerConfig:
+  """``TransformerConfig`` of the ``model`` section for ``model.source='builtin'`` (the
+  checkpoint-only fields ``source`` and ``path`` dropped)."""
+  return TransformerConfig(**{k: v for k, v in model_cfg.to_dict().items()
+                              if k not in ("source", "path")})
+
+
 def base_policy_key(cfg) -> str:
   """Hash of the config fields that determine the base policy (and its tokenizer)."""
   task = {k: v for k, v in cfg.task.to_dict().items() if k not in ("reward_timeout_s",)}
@@ -71,7 +78,7 @@ def sft_batches(io, examples, batch_size: int, max_new_tokens: int, noise: float
 
 def train_base_policy(cfg, io, task, log=print, callback=None):
   """Trains the base policy by supervised learning; returns (graphdef, params, info)."""
-  mcfg = TransformerConfig(**cfg.model.to_dict())
+  mcfg = builtin_model_config(cfg.model)
   model = Transformer(mcfg, nnx.Rngs(cfg.seed))
   graphdef, params = nnx.split(model, nnx.Param)
   ws = cfg.warmstart
@@ -108,7 +115,7 @@ def load_or_train_base_policy(cfg, io, task, log=print):
     (graphdef, params, info dict with ``path`` and ``cached``).
   """
   path = os.path.abspath(os.path.join(cfg.warmstart.cache_dir, base_policy_key(cfg)))
-  mcfg = TransformerConfig(**cfg.model.to_dict())
+  mcfg = builtin_model_config(cfg.model)
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, nnx.Rngs(0))), nnx.Param)
   ckptr = ocp.StandardCheckpointer()
   if os.path.exists(os.path.join(path, "params")):
