@@ -78,8 +78,9 @@ def read_meta(manager: ocp.CheckpointManager) -> dict | None:
 
 
 # Config fields that may change between a run and its resumption: extending the run
-# (train.steps), where it logs, how often it evaluates/saves, and where caches live.
-RESUMABLE_PREFIXES = ("train.steps", "workdir", "log.", "eval.", "checkpoint.",
+# (train.steps), where it logs, how often it evaluates/saves, the device mesh (a checkpoint
+# restores onto any mesh), and where caches live.
+RESUMABLE_PREFIXES = ("train.steps", "workdir", "log.", "eval.", "checkpoint.", "mesh.",
                       "warmstart.cache_dir")
 
 
