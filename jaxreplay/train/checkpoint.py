@@ -23,6 +23,24 @@ def make_manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
                                            enable_async_checkpointing=True))
 
 
+def abstract_target(tree: Any, shardings: Any = None) -> Any:
+  """``jax.ShapeDtypeStruct`` leaves (shape, dtype, sharding) to restore ``tree`` into.
+
+  Args:
+    tree: a pytree of arrays or ShapeDtypeStructs (e.g. ``jax.eval_shape`` of the init).
+    shardings: optional pytree of ``jax.sharding.Sharding`` matching ``tree`` (e.g.
+      ``parallel.param_shardings`` on the new mesh); default: each leaf's own sharding.
+
+  Returns:
+    A pytree of ShapeDtypeStructs; restoring into it lays the arrays out as given, whatever
+    mesh or device count the checkpoint was written with.
+  """
+  if shardings is None:
+    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
+
+
 def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> None:
   """Starts an async save of pytree ``state`` and JSON ``meta`` at ``step``."""
   manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
@@ -38,8 +56,10 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
   previous complete checkpoint.
 
   Args:
-    manager: the CheckpointManager. abstract_state: a pytree with the target shapes and
-      dtypes (arrays or ShapeDtypeStructs), e.g. freshly initialised state.
+    manager: the CheckpointManager. abstract_state: a pytree with the target shapes,
+      dtypes and shardings (arrays or ShapeDtypeStructs, see ``abstract_target``), e.g.
+      freshly initialised state placed on the current mesh. The arrays come back with
+      those shardings, also when the checkpoint was written on another mesh.
     step: a specific step (no fallback), or None.
     log: callable for the fallback messages.
 
@@ -49,7 +69,7 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
   Raises:
     RuntimeError: checkpoints exist but none could be read.
   """
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+  abstract = abstract_target(abstract_state)
   steps = [step] if step is not None else sorted(manager.all_steps(), reverse=True)
   if not steps:
     return None

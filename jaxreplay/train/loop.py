@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from jaxreplay import config as config_lib
 from jaxreplay import replay
+from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.models.tokenizer import load_or_train_tokenizer
 from jaxreplay.rl.advantages import compute_advantages
 from jaxreplay.replay import stats as replay_stats
@@ -40,11 +41,19 @@ from jaxreplay.train.policy import TextIO, score
 from jaxreplay.train.warmstart import base_policy_key, load_or_train_base_policy
 
 
-def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerConfig):
+def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerConfig,
+                      mesh=None, state_sharding=None, buffer_sharding=None):
   """Fuses buffer sampling and the update into one jitted function (state, buffer donated).
 
   The sampler's importance weights (uniform: all 1) and each item's staleness go to
   the train step; the batch statistics the paper plots come back in the metrics.
+
+  Args:
+    train_step: ``(state, batch, weights, staleness) -> (state, metrics)``.
+    batch_size: B. sampler_cfg: the buffer's sampler.
+    mesh: optional mesh: the sampled batch is constrained to split over ``data × fsdp``.
+    state_sharding, buffer_sharding: optional sharding pytrees the returned state and
+      buffer keep (the layout they were placed with).
 
   Returns:
     ``learner_step(state, buffer, key) -> (state, buffer, metrics)``; metrics are
@@ -54,7 +63,14 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def learner_step(state: TrainState, buffer: replay.BufferState, key):
     buffer, s = replay.sample(buffer, key, batch_size, state.step, state.step, sampler_cfg)
+    if mesh is not None:  # the batch splits over the batch axes (data × fsdp)
+      s = s.replace(items=jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
+          x, sharding_lib.batch_sharding(mesh, x.ndim, batch_size)), s.items))
     state, metrics = train_step(state, s.items, s.weights, s.staleness)
+    if state_sharding is not None:
+      state = jax.lax.with_sharding_constraint(state, state_sharding)
+    if buffer_sharding is not None:
+      buffer = jax.lax.with_sharding_constraint(buffer, buffer_sharding)
     metrics.update(replay_stats.batch_stats(s))
     metrics.update(trained_tokens=s.items.completion_mask.sum(),
                    batch_reward=s.items.rewards.mean())
@@ -83,7 +99,7 @@ def kl_reward_penalty(graphdef, ref_params, rollout: Rollout, *, temperature: fl
 
 
 def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int, log_counts,
-                      ref_params=None):
+                      ref_params=None, mesh=None):
   """Generates, scores and groups R = P·G rollouts with the current policy (host + jit).
 
   Draws P = R/G prompts from ``stream`` (skipping, and counting, prompts that do not fit
@@ -97,6 +113,7 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int
     version: int, the policy version stored with every rollout.
     log_counts: the ledger dict, updated in place (tokens, rollouts, failures, skips).
     ref_params: the frozen reference, used only for the KL reward penalty.
+    mesh: optional mesh; the prompt batch is split over its ``data × fsdp`` axes.
 
   Returns:
     (Rollout with R rows, dict of host scalars: reward, frac_mixed_groups,
@@ -114,7 +131,8 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int
   toks, mask, _ = io.prompts(examples)
   toks, mask = np.repeat(toks, g, 0), np.repeat(mask, g, 0)
   gen = generate(graphdef, params, toks, mask, key, max_new_tokens=cfg.sampler.max_new_tokens,
-                 temperature=cfg.sampler.temperature, eos_ids=io.eos_ids, pad_id=io.pad_id)
+                 temperature=cfg.sampler.temperature, eos_ids=io.eos_ids, pad_id=io.pad_id,
+                 mesh=mesh)
   rep = [e for e in examples for _ in range(g)]
   rewards, failures = score(task, io.decode(gen.tokens, gen.mask), rep,
                             cfg.task.reward_timeout_s or None)
@@ -159,6 +177,8 @@ def run(cfg, log=print) -> dict:
     RuntimeError: ``algo.max_consecutive_skips`` non-finite updates in a row.
   """
   config_lib.validate(cfg)
+  mesh_shape = config_lib.mesh_shape(cfg)
+  mesh = sharding_lib.make_mesh(*mesh_shape, devices=jax.devices()[:int(np.prod(mesh_shape))])
   t_start = time.time()
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -199,20 +219,28 @@ def run(cfg, log=print) -> dict:
                              total_steps=cfg.train.steps * cfg.algo.update_epochs
                              * cfg.algo.num_minibatches,
                              final_lr_fraction=cfg.algo.final_lr_fraction)
+  # Parameters and optimizer state by PARAM_RULES, the buffer's capacity axis over "data",
+  # the RNG key replicated; restores go into these layouts (any saved mesh restores).
   state = init_train_state(graphdef, params, optimizer, cfg.algo)
+  state_sh = sharding_lib.param_shardings(state, mesh)
+  state = jax.device_put(state, state_sh)
   buffer = replay.init(empty_rollout(1, cfg.task.prompt_width + m), cfg.buffer.capacity)
+  buffer_sh = replay.state_sharding(buffer, mesh, "data")
+  buffer = jax.device_put(buffer, buffer_sh)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   sampler_cfg = replay.from_config(cfg.buffer)
-  add_to_buffer = jax.jit(replay.add, donate_argnums=(0,))
+  add_to_buffer = jax.jit(replay.add, donate_argnums=(0,), out_shardings=buffer_sh)
   train_step = make_train_step(graphdef, optimizer, cfg.algo, cfg.sampler.temperature)
-  learner_step = make_learner_step(train_step, cfg.train.batch_size, sampler_cfg)
+  learner_step = make_learner_step(train_step, cfg.train.batch_size, sampler_cfg, mesh,
+                                   state_sh, buffer_sh)
   root_key = jax.random.key(cfg.seed)
   counts = dict(generated_tokens=0, generated_rollouts=0, trained_tokens=0, trained_samples=0,
                 zero_adv_group_tokens=0, reward_failures=0, prompts_skipped=0)
   stream = PromptStream(task.train, seed=cfg.seed)
   start, summary0, wall_before = 0, None, 0.0
   timers = {"generate_s": 0.0, "train_s": 0.0, "eval_s": 0.0}  # seconds, continued on resume
-  restored = ckpt_lib.restore(manager, {"train": state, "buffer": buffer,
-                                        "rng": jax.random.key_data(root_key)}, log=log)
+  restored = ckpt_lib.restore(manager, {"train": state, "buffer": buffer, "rng": jax.device_put(
+      jax.random.key_data(root_key), replicated)}, log=log)
   if restored is not None:
     tree, meta = restored
     state, buffer = tree["train"], tree["buffer"]
@@ -241,7 +269,7 @@ def run(cfg, log=print) -> dict:
     key_gen, key_sample = jax.random.split(jax.random.fold_in(root_key, step))
     t0 = time.time()
     rollout, gen_metrics = generate_rollouts(cfg, io, task, graphdef, state.params, stream,
-                                             key_gen, step, counts, state.ref_params)
+                                             key_gen, step, counts, state.ref_params, mesh)
     buffer = add_to_buffer(buffer, rollout, rollout.policy_version, jnp.int32(step))
     t1 = time.time()
     state, buffer, metrics = learner_step(state, buffer, key_sample)
