@@ -16,11 +16,64 @@ import orbax.checkpoint as ocp
 
 
 def make_manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
-  """A CheckpointManager at ``directory`` keeping the last ``max_to_keep`` steps."""
+  """A CheckpointManager at ``directory`` keeping the last ``max_to_keep`` steps.
+
+  Temporary directories of saves that never finished (a process killed mid-save) are
+  removed when the manager is created; they are never read as checkpoints.
+  """
   return ocp.CheckpointManager(
       os.path.abspath(directory),
       options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
-                                           enable_async_checkpointing=True))
+                                           enable_async_checkpointing=True,
+                                           cleanup_tmp_directories=True))
+
+
+BEST_METRIC = "acc_sampled"  # held-out accuracy of sampled completions (eval/acc_sampled)
+
+
+def make_best_manager(directory: str) -> ocp.CheckpointManager:
+  """A CheckpointManager at ``directory`` that keeps one checkpoint: the best ``BEST_METRIC``.
+
+  Orbax's ``best_fn`` retention: each save passes ``metrics={BEST_METRIC: value}`` and
+  only the highest-valued checkpoint survives. Use ``save_best`` to write to it.
+  """
+  return ocp.CheckpointManager(
+      os.path.abspath(directory),
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=1, best_fn=lambda m: m[BEST_METRIC], best_mode="max",
+          keep_checkpoints_without_metrics=False, enable_async_checkpointing=True,
+          cleanup_tmp_directories=True))
+
+
+def best_so_far(manager: ocp.CheckpointManager) -> tuple[int, float] | None:
+  """(step, value) of the checkpoint in a ``make_best_manager`` directory, or None if empty."""
+  meta = read_meta(manager)
+  if meta is None:
+    return None
+  return int(meta["step"]), float(meta["eval"][BEST_METRIC])
+
+
+def save_best(manager: ocp.CheckpointManager, best: tuple[int, float] | None, step: int,
+              state: Any, evaluation: dict) -> tuple[int, float] | None:
+  """Saves ``state`` at ``step`` when ``evaluation[BEST_METRIC]`` beats ``best`` (strictly).
+
+  Args:
+    manager: from ``make_best_manager``. best: the current (step, value), or None.
+    step: learner step of ``state``. state: pytree to save (async).
+    evaluation: the held-out evaluation dict of ``state`` (floats; needs ``BEST_METRIC``).
+
+  Returns:
+    The new (step, value) best; ``best`` unchanged when not improved or when ``step`` is
+    already stored (a resumed run recomputing steps saved before a crash).
+  """
+  value = float(evaluation[BEST_METRIC])
+  if (best is not None and value <= best[1]) or step in manager.all_steps():
+    return best
+  manager.save(step, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state),
+      meta=ocp.args.JsonSave({"step": step, "eval": dict(evaluation)})),
+      metrics={BEST_METRIC: value}, force=True)
+  return step, value
 
 
 def abstract_target(tree: Any, shardings: Any = None) -> Any:

@@ -183,6 +183,11 @@ def run(cfg, log=print) -> dict:
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), cfg.checkpoint.max_to_keep)
+  # The best held-out accuracy's train state, besides the last max_to_keep; resume uses
+  # the latest (``manager``), never this one.
+  best_manager = (ckpt_lib.make_best_manager(os.path.join(workdir, "checkpoints_best"))
+                  if cfg.checkpoint.keep_best else None)
+  best = ckpt_lib.best_so_far(best_manager) if best_manager is not None else None
   saved_meta = ckpt_lib.read_meta(manager)
   cfg_json = json.loads(cfg.to_json_best_effort())
   if saved_meta is not None:
@@ -293,6 +298,8 @@ def run(cfg, log=print) -> dict:
       last_eval = evaluate_fn(state.params, key=jax.random.fold_in(eval_key, done))
       timers["eval_s"] += time.time() - te
       record.update({f"eval/{k}": v for k, v in last_eval.items()})
+      if best_manager is not None and cfg.checkpoint.every:
+        best = ckpt_lib.save_best(best_manager, best, done, {"train": state}, last_eval)
     writer.write(done, record)
     bar.set_postfix(reward=f"{gen_metrics['reward']:.2f}", acc=f"{last_eval['acc_sampled']:.2f}",
                     refresh=False)
@@ -305,6 +312,8 @@ def run(cfg, log=print) -> dict:
                      "config": json.loads(cfg.to_json_best_effort())})
   bar.close()
   manager.wait_until_finished()
+  if best_manager is not None:
+    best_manager.wait_until_finished()
   writer.close()
   final = last_eval
   summary = {
@@ -314,6 +323,9 @@ def run(cfg, log=print) -> dict:
       "generated_rollouts": counts["generated_rollouts"], "steps": cfg.train.steps,
       "wall_seconds": wall_before + time.time() - t_start, "base_policy": base_info["path"],
       "checkpoints": os.path.join(workdir, "checkpoints"), **timers,
+      "best_checkpoint": (None if best is None else
+                          {"step": best[0], "eval/acc_sampled": best[1],
+                           "path": os.path.join(workdir, "checkpoints_best", str(best[0]))}),
   }
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
