@@ -40,7 +40,8 @@ def test_save_best_keeps_only_the_best(tmp_path):
 
 
 def tiny_config(workdir, cache_dir, **overrides):
-  """configs/small.py shrunk to a 1-layer model, 20 warm-start steps and R = B = 16."""
+  """configs/small.py shrunk to a 1-layer model, 20 warm-start steps and R = B = 16; an
+  entropy bonus so that every update changes the parameters."""
   c = load_config(os.path.join(ROOT, "configs", "small.py"))
   c.workdir = str(workdir)
   c.warmstart.cache_dir = str(cache_dir)
@@ -53,6 +54,7 @@ def tiny_config(workdir, cache_dir, **overrides):
   c.train.batch_size = 16
   c.buffer.capacity = 32
   c.algo.warmup_steps = 1
+  c.algo.entropy_coef = 0.01  # the tiny policy earns ~0 reward: the entropy term moves it
   c.eval.update(every=1, num_examples=8, samples_per_example=1)
   c.checkpoint.update(every=1, max_to_keep=20)
   for k, v in overrides.items():
