@@ -9,10 +9,48 @@ caller's own init code, so a checkpoint also restores onto another mesh.
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import time
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+
+FAULT_ENV = "JAXREPLAY_FAULT"
+
+
+def fault_point(name: str, step: int | None = None, detail: str = "") -> None:
+  """Test-only fault injection: SIGKILLs this process at a named point.
+
+  Kills when the environment variable ``JAXREPLAY_FAULT`` equals ``name`` or
+  ``name:step`` (e.g. ``kill_during_save:3``); otherwise does nothing. Points:
+  ``kill_during_save`` (an async checkpoint save just started, still in flight) and
+  ``kill_during_cache_write`` (base-policy parameters saved, ``info.json`` not yet).
+
+  Args:
+    name: the point. step: the learner step, if the point has one.
+    detail: text written to stderr just before the kill (what was in flight).
+  """
+  want = os.environ.get(FAULT_ENV)
+  if want and want in (name, f"{name}:{step}"):
+    sys.stderr.write(f"jaxreplay fault {want}: SIGKILL {detail}\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_atomic(path: str, text: str) -> None:
+  """Writes ``text`` to ``path`` so that a crash leaves the old file or the new one, whole.
+
+  Writes ``path.tmp-PID``, fsyncs it, then ``os.replace``s it over ``path``.
+  """
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
 
 
 def make_manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
@@ -95,9 +133,19 @@ def abstract_target(tree: Any, shardings: Any = None) -> Any:
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> None:
-  """Starts an async save of pytree ``state`` and JSON ``meta`` at ``step``."""
-  manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                             meta=ocp.args.JsonSave(meta)))
+  """Starts an async save of pytree ``state`` and JSON ``meta`` at ``step``.
+
+  Orbax writes into a temporary directory and renames it to ``step`` when complete, so a
+  crash mid-save leaves no directory named ``step`` (see ``make_manager``).
+
+  Raises:
+    RuntimeError: Orbax declined the save (``step`` not after the latest checkpoint).
+  """
+  if not manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                    meta=ocp.args.JsonSave(meta))):
+    raise RuntimeError(f"checkpoint at step {step} not written: {manager.directory} already "
+                       f"holds step {manager.latest_step()}")
+  fault_point("kill_during_save", step, f"(save in progress: {manager.is_saving_in_progress()})")
 
 
 def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None,
@@ -105,8 +153,9 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
   """Restores (state, meta) of ``step``, or of the newest readable checkpoint.
 
   Without ``step`` it tries the checkpoints from newest to oldest: a corrupted or
-  truncated one is reported through ``log`` and skipped, so the run falls back to the
-  previous complete checkpoint.
+  truncated one is reported through ``log``, renamed to ``STEP.unreadable-TIME`` (kept for
+  inspection, out of the manager's way so that step can be saved again) and skipped, so
+  the run falls back to the previous complete checkpoint.
 
   Args:
     manager: the CheckpointManager. abstract_state: a pytree with the target shapes,
@@ -135,8 +184,11 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
     except Exception as e:  # noqa: BLE001 - any unreadable checkpoint falls back
       errors.append(f"step {s}: {type(e).__name__}: {str(e)[:200]}")
       if step is None:
+        aside = os.path.join(str(manager.directory), f"{s}.unreadable-{int(time.time())}")
+        os.replace(os.path.join(str(manager.directory), str(s)), aside)
+        manager.reload()
         log(f"checkpoint at step {s} in {manager.directory} is unreadable "
-            f"({type(e).__name__}); falling back to the previous one")
+            f"({type(e).__name__}); moved to {aside}, falling back to the previous one")
   raise RuntimeError("no readable checkpoint: " + "; ".join(errors))
 
 

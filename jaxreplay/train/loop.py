@@ -202,8 +202,7 @@ def run(cfg, log=print) -> dict:
     task = make_task(cfg.task)
   except (ValueError, FileNotFoundError) as e:  # a bad task config, before any compute
     raise config_lib.ConfigError(str(e)) from None
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(cfg.to_json_best_effort(indent=2))
+  ckpt_lib.write_atomic(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
   base_dir = os.path.join(cfg.warmstart.cache_dir, base_policy_key(cfg))
   tok = load_or_train_tokenizer(os.path.join(base_dir, "tokenizer.json"),
                                 [e.prompt + " " + e.answer for e in task.train],
@@ -327,6 +326,5 @@ def run(cfg, log=print) -> dict:
                           {"step": best[0], "eval/acc_sampled": best[1],
                            "path": os.path.join(workdir, "checkpoints_best", str(best[0]))}),
   }
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2)
+  ckpt_lib.write_atomic(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
   return summary
