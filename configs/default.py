@@ -104,6 +104,10 @@ def get_config():
   # Drift monitor: every ``every`` steps (0 = off) score ``num_samples`` buffer items under
   # the current policy: KL(behaviour ‖ current), IS effective sample size, reward by staleness.
   c.drift = config_dict.ConfigDict(dict(every=10, num_samples=256))
-  c.checkpoint = config_dict.ConfigDict(dict(every=50, max_to_keep=2))
+  # keep_best: also keep the checkpoint with the best eval/acc_sampled in checkpoints_best/.
+  c.checkpoint = config_dict.ConfigDict(dict(every=50, max_to_keep=2, keep_best=True))
+  # Device mesh (data, fsdp, tensor); -1 = the remaining devices. Batches and the buffer's
+  # capacity axis split over data×fsdp / data; parameters by parallel.sharding.PARAM_RULES.
+  c.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.log = config_dict.ConfigDict(dict(progress=True, tensorboard=True))
   return c

@@ -79,8 +79,52 @@ def rate_limiter_settings(cfg) -> dict:
           "error_buffer": float(rho * r + b if err is None else err)}
 
 
-def validate(cfg) -> None:
+MESH_FIELDS = ("data", "fsdp", "tensor")
+
+
+def mesh_shape(cfg, device_count: int | None = None) -> tuple[int, int, int]:
+  """The resolved mesh sizes (data, fsdp, tensor) of ``cfg.mesh`` on ``device_count`` devices.
+
+  One size may be -1: it takes the remaining devices. Without a -1 the product may also
+  be a divisor of the device count; the mesh then uses the first ``product`` devices.
+
+  Args:
+    cfg: the config (reads ``cfg.mesh.{data,fsdp,tensor}``, ints).
+    device_count: number of devices; default ``jax.device_count()``.
+
+  Returns:
+    (data, fsdp, tensor), positive ints whose product divides ``device_count``.
+
+  Raises:
+    ConfigError: a size that is not a positive int or -1, more than one -1, or sizes whose
+      product does not divide the device count.
+  """
+  if device_count is None:
+    import jax
+    device_count = jax.device_count()
+  sizes = [cfg.mesh[f] for f in MESH_FIELDS]
+  for f, v in zip(MESH_FIELDS, sizes):
+    if isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1):
+      _fail(f"mesh.{f}", v, "must be a positive int, or -1 for the remaining devices")
+  if sizes.count(-1) > 1:
+    _fail("mesh", dict(zip(MESH_FIELDS, sizes)), "at most one of data, fsdp, tensor may be -1")
+  known = 1
+  for v in sizes:
+    known *= v if v != -1 else 1
+  if device_count % known:
+    _fail("mesh", dict(zip(MESH_FIELDS, sizes)),
+          f"the product of the sizes ({known}) must divide jax.device_count()={device_count}")
+  if -1 in sizes:
+    sizes[sizes.index(-1)] = device_count // known
+  return tuple(sizes)
+
+
+def validate(cfg, device_count: int | None = None) -> None:
   """Checks every field the run uses; raises ``ConfigError`` naming the first bad one.
+
+  Args:
+    cfg: the config tree. device_count: devices the mesh is built on (default
+      ``jax.device_count()``); the batch sizes and the buffer must split over the mesh.
 
   Raises:
     ConfigError: a value out of range or not among the valid choices.
@@ -175,3 +219,12 @@ def validate(cfg) -> None:
     _fail("eval.samples_per_example", spe, "must be >= 1")
   if cfg.eval.get("temperature") is not None and cfg.eval.temperature <= 0:
     _fail("eval.temperature", cfg.eval.temperature, "must be > 0 (unset: sampler.temperature)")
+  if cfg.checkpoint.max_to_keep < 1:
+    _fail("checkpoint.max_to_keep", cfg.checkpoint.max_to_keep, "must be >= 1")
+  data, fsdp, tensor = mesh_shape(cfg, device_count)
+  shards = data * fsdp
+  for f in ("train.batch_size", "rollout.per_step", "buffer.capacity"):
+    sec, name = f.split(".")
+    if cfg[sec][name] % shards:
+      _fail(f, cfg[sec][name], f"must be divisible by mesh data×fsdp = {data}×{fsdp} = {shards} "
+            "(set config.mesh.data / mesh.fsdp to sizes that divide it)")

@@ -38,6 +38,13 @@ def test_corrupted_latest_falls_back_to_previous(tmp_path, damage):
   assert meta == {"step": 1}
   np.testing.assert_array_equal(state["w"], np.full((64,), 1.0))
   assert any("step 2" in m and "falling back" in m for m in logs)
+  # the unreadable checkpoint is moved aside (kept), so step 2 can be written again
+  assert mgr.all_steps() == [1]
+  assert [d for d in os.listdir(tmp_path) if d.startswith("2.unreadable-")]
+  ckpt.save(mgr, 2, {"w": jnp.full((64,), 5.0)}, {"step": 2})
+  mgr.wait_until_finished()
+  state, meta = ckpt.restore(ckpt.make_manager(str(tmp_path), 3), {"w": jnp.zeros((64,))})
+  assert meta == {"step": 2} and float(state["w"][0]) == 5.0
 
 
 def test_intact_latest_is_used_and_empty_dir_gives_none(tmp_path):

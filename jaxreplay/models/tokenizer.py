@@ -54,7 +54,9 @@ def load_or_train_tokenizer(path: str, texts: Sequence[str], vocab_size: int) ->
     return Tokenizer.from_file(path)
   tok = train_bpe_tokenizer(texts, vocab_size)
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  tok.save(path)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  tok.save(tmp)  # then renamed: a crash never leaves a truncated tokenizer.json
+  os.replace(tmp, path)
   return tok
 
 

@@ -37,6 +37,7 @@ from tqdm import tqdm
 from jaxreplay import config as config_lib
 from jaxreplay import replay
 from jaxreplay.models import hf as hf_models
+from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.models.tokenizer import load_or_train_tokenizer
 from jaxreplay.rl.advantages import compute_advantages
 from jaxreplay.replay import rate_limiter as rate_lib
@@ -59,7 +60,8 @@ from jaxreplay.train.warmstart import base_policy_key, load_or_train_base_policy
 
 def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerConfig,
                       cost: accounting.ModelCost | None = None, prompt_len: int = 0,
-                      epochs: int = 1):
+                      epochs: int = 1, mesh=None, state_sharding=None,
+                      buffer_sharding=None):
   """Fuses buffer sampling and the update into one jitted function (state, buffer donated).
 
   The sampler's importance weights (uniform: all 1) and each item's staleness go to
@@ -69,6 +71,9 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
     train_step: from ``rl.update.make_train_step``. batch_size: B. sampler_cfg: static.
     cost: the model's FLOP parameters; with it the metrics carry ``training_flops``.
     prompt_len: P, prompt width in tokens (FLOP estimate). epochs: ``algo.update_epochs``.
+    mesh: optional mesh: the sampled batch is constrained to split over ``data × fsdp``.
+    state_sharding, buffer_sharding: optional sharding pytrees the returned state and
+      buffer keep (the layout they were placed with).
 
   Returns:
     ``learner_step(state, buffer, key) -> (state, buffer, metrics)``; metrics are
@@ -81,8 +86,15 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
   def learner_step(state: TrainState, buffer: replay.BufferState, key):
     never_used = buffer.valid & (buffer.times_sampled == 0)
     buffer, s = replay.sample(buffer, key, batch_size, state.step, state.step, sampler_cfg)
+    if mesh is not None:  # the batch splits over the batch axes (data × fsdp)
+      s = s.replace(items=jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
+          x, sharding_lib.batch_sharding(mesh, x.ndim, batch_size)), s.items))
     first_use = never_used & (buffer.times_sampled > 0)  # per slot: a duplicate counts once
     state, metrics = train_step(state, s.items, s.weights, s.staleness)
+    if state_sharding is not None:
+      state = jax.lax.with_sharding_constraint(state, state_sharding)
+    if buffer_sharding is not None:
+      buffer = jax.lax.with_sharding_constraint(buffer, buffer_sharding)
     metrics.update(replay_stats.batch_stats(s))
     lengths = s.items.completion_mask.sum(-1, dtype=jnp.int32)
     metrics.update(trained_tokens=lengths.sum(),
@@ -118,7 +130,8 @@ def kl_reward_penalty(graphdef, ref_params, rollout: Rollout, *, temperature: fl
 
 
 def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int, log_counts,
-                      ref_params=None, cost: accounting.ModelCost | None = None):
+                      ref_params=None, cost: accounting.ModelCost | None = None,
+                      mesh=None):
   """Generates, scores and groups R = P·G rollouts with the current policy (host + jit).
 
   Draws P = R/G prompts from ``stream`` (skipping, and counting, prompts that do not fit
@@ -134,6 +147,7 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int
       tokens of zero-advantage groups and of truncated rollouts, generation FLOPs).
     ref_params: the frozen reference, used only for the KL reward penalty.
     cost: the model's FLOP parameters (``accounting.ModelCost``), or None (no FLOPs).
+    mesh: optional mesh; the prompt batch is split over its ``data × fsdp`` axes.
 
   Returns:
     (Rollout with R rows, dict of host scalars: reward, frac_mixed_groups,
@@ -152,7 +166,8 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, key, version: int
   toks, mask = np.repeat(toks, g, 0), np.repeat(mask, g, 0)
   gen = generate(graphdef, params, toks, mask, key, max_new_tokens=cfg.sampler.max_new_tokens,
                  temperature=cfg.sampler.temperature, top_k=cfg.sampler.top_k,
-                 top_p=cfg.sampler.top_p, eos_ids=io.eos_ids, pad_id=io.pad_id)
+                 top_p=cfg.sampler.top_p, eos_ids=io.eos_ids, pad_id=io.pad_id,
+                 mesh=mesh)
   rep = [e for e in examples for _ in range(g)]
   rewards, failures = score(task, io.decode(gen.tokens, gen.mask), rep,
                             cfg.task.reward_timeout_s or None)
@@ -229,14 +244,16 @@ def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
 
-def make_inserter(n: int):
+def make_inserter(n: int, buffer_sharding=None):
   """Builds ``insert(buffer, rollout, step) -> (buffer, lost)`` (jitted, buffer donated).
 
   ``lost`` is ``(rollouts, tokens)`` int32 of the slots the add overwrites before they
-  were ever sampled (``accounting.unused_overwritten``), counted before the add.
+  were ever sampled (``accounting.unused_overwritten``), counted before the add. With
+  ``buffer_sharding`` (a sharding pytree) the returned buffer keeps that layout.
   """
 
-  @functools.partial(jax.jit, donate_argnums=(0,))
+  @functools.partial(jax.jit, donate_argnums=(0,),
+                     out_shardings=None if buffer_sharding is None else (buffer_sharding, None))
   def insert(buffer, rollout, step):
     lost = accounting.unused_overwritten(buffer, n)
     return replay.add(buffer, rollout, rollout.policy_version, step), lost
@@ -398,10 +415,17 @@ def run(cfg, log=print) -> dict:
       mode, a failed generator thread or no batch for ``train.async_timeout_s``.
   """
   config_lib.validate(cfg)
+  mesh_shape = config_lib.mesh_shape(cfg)
+  mesh = sharding_lib.make_mesh(*mesh_shape, devices=jax.devices()[:int(np.prod(mesh_shape))])
   t_start = time.time()
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), cfg.checkpoint.max_to_keep)
+  # The best held-out accuracy's train state, besides the last max_to_keep; resume uses
+  # the latest (``manager``), never this one.
+  best_manager = (ckpt_lib.make_best_manager(os.path.join(workdir, "checkpoints_best"))
+                  if cfg.checkpoint.keep_best else None)
+  best = ckpt_lib.best_so_far(best_manager) if best_manager is not None else None
   saved_meta = ckpt_lib.read_meta(manager)
   cfg_json = json.loads(cfg.to_json_best_effort())
   if saved_meta is not None:
@@ -417,8 +441,7 @@ def run(cfg, log=print) -> dict:
     task = make_task(cfg.task)
   except (ValueError, FileNotFoundError) as e:  # a bad task config, before any compute
     raise config_lib.ConfigError(str(e)) from None
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(cfg.to_json_best_effort(indent=2))
+  ckpt_lib.write_atomic(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
   io, graphdef, params, base_info = load_policy(cfg, task, log)
   heldout = task.heldout[:cfg.eval.num_examples]
   m = cfg.sampler.max_new_tokens
@@ -436,15 +459,24 @@ def run(cfg, log=print) -> dict:
                              total_steps=cfg.train.steps * cfg.algo.update_epochs
                              * cfg.algo.num_minibatches,
                              final_lr_fraction=cfg.algo.final_lr_fraction)
+  # Parameters and optimizer state by PARAM_RULES, the buffer's capacity axis over "data",
+  # the RNG key replicated; restores go into these layouts (any saved mesh restores).
   state = init_train_state(graphdef, params, optimizer, cfg.algo)
+  state_sh = sharding_lib.param_shardings(state, mesh)
+  state = jax.device_put(state, state_sh)
   buffer = replay.init(empty_rollout(1, cfg.task.prompt_width + m), cfg.buffer.capacity)
+  buffer_sh = replay.state_sharding(buffer, mesh, "data")
+  buffer = jax.device_put(buffer, buffer_sh)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   sampler_cfg = replay.from_config(cfg.buffer)
-  insert = make_inserter(cfg.rollout.per_step)
+  insert = make_inserter(cfg.rollout.per_step, buffer_sh)
   cost = accounting.ModelCost.from_params(params, nnx.merge(graphdef, params).cfg)
   train_step = make_train_step(graphdef, optimizer, cfg.algo, cfg.sampler.temperature,
                                cfg.sampler.top_k, cfg.sampler.top_p)
-  learner_step = make_learner_step(train_step, cfg.train.batch_size, sampler_cfg, cost,
-                                   cfg.task.prompt_width, cfg.algo.update_epochs)
+  learner_step = make_learner_step(train_step, cfg.train.batch_size, sampler_cfg, cost=cost,
+                                   prompt_len=cfg.task.prompt_width,
+                                   epochs=cfg.algo.update_epochs, mesh=mesh,
+                                   state_sharding=state_sh, buffer_sharding=buffer_sh)
   drift_fn = make_drift_fn(graphdef, cfg.sampler.temperature, cfg.drift.num_samples,
                            tuple(cfg.algo.staleness_buckets), cfg.sampler.top_k,
                            cfg.sampler.top_p) if cfg.drift.every else None
@@ -460,7 +492,8 @@ def run(cfg, log=print) -> dict:
     timers.update(learner_wait_s=0.0, generator_wait_s=0.0)
 
   def ckpt_tree(state, buffer, ring, limiter_state):
-    tree = {"train": state, "buffer": buffer, "rng": jax.random.key_data(root_key)}
+    tree = {"train": state, "buffer": buffer,
+            "rng": jax.device_put(jax.random.key_data(root_key), replicated)}
     if ring:
       tree["snapshots"] = ring
     if mode == "async":
@@ -498,7 +531,7 @@ def run(cfg, log=print) -> dict:
 
   def finish_step(step, state, buffer, metrics, gen_metrics, extra=None, lim_state=None):
     """Ledger, JSONL record, evaluation, drift and checkpoint after learner step ``step``."""
-    nonlocal consecutive_skips, last_eval
+    nonlocal consecutive_skips, last_eval, best
     counts["trained_tokens"] += int(metrics.pop("trained_tokens"))
     counts["first_use_tokens"] += int(metrics.pop("first_use_tokens"))
     counts["training_flops"] += float(metrics.pop("training_flops"))
@@ -520,6 +553,8 @@ def run(cfg, log=print) -> dict:
       last_eval = evaluate_fn(state.params, key=jax.random.fold_in(eval_key, done))
       timers["eval_s"] += time.time() - te
       record.update({f"eval/{k}": v for k, v in last_eval.items()})
+      if best_manager is not None and cfg.checkpoint.every:
+        best = ckpt_lib.save_best(best_manager, best, done, {"train": state}, last_eval)
     if drift_fn is not None and done % cfg.drift.every == 0:
       record.update({k: float(v) for k, v in jax.device_get(drift_fn(
           state.params, buffer, jax.random.fold_in(drift_key, done), jnp.int32(done))).items()})
@@ -536,7 +571,7 @@ def run(cfg, log=print) -> dict:
 
   def produce(params, ref_params, version, key, counts):
     rollout, gen_metrics = generate_rollouts(cfg, io, task, graphdef, params, stream, key,
-                                             version, counts, ref_params, cost)
+                                             version, counts, ref_params, cost, mesh)
     return rollout, gen_metrics
 
   if mode in ("sync", "simulated_async"):
@@ -563,6 +598,8 @@ def run(cfg, log=print) -> dict:
         insert, learner_step, finish_step, log)
   bar.close()
   manager.wait_until_finished()
+  if best_manager is not None:
+    best_manager.wait_until_finished()
   writer.close()
   final = last_eval
   unused = jax.device_get(accounting.unused_in_buffer(buffer))
@@ -576,9 +613,12 @@ def run(cfg, log=print) -> dict:
       "wall_seconds": wall_before + time.time() - t_start, "base_policy": base_info["path"],
       "checkpoints": os.path.join(workdir, "checkpoints"), **timers, "mode": mode,
       "ledger": ledger, "eval_after": final,
+      "checkpoints": os.path.join(workdir, "checkpoints"), **timers,
+      "best_checkpoint": (None if best is None else
+                          {"step": best[0], "eval/acc_sampled": best[1],
+                           "path": os.path.join(workdir, "checkpoints_best", str(best[0]))}),
   }
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2)
+  ckpt_lib.write_atomic(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
   return summary
 
 

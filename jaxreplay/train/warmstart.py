@@ -118,7 +118,9 @@ def load_or_train_base_policy(cfg, io, task, log=print):
   mcfg = builtin_model_config(cfg.model)
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, nnx.Rngs(0))), nnx.Param)
   ckptr = ocp.StandardCheckpointer()
-  if os.path.exists(os.path.join(path, "params")):
+  # info.json is written last (atomically): it marks a complete cache entry; params without
+  # it are the leftover of a process killed mid-write and are trained and written again.
+  if os.path.exists(os.path.join(path, "info.json")):
     params = ckptr.restore(os.path.join(path, "params"), abstract)
     with open(os.path.join(path, "info.json")) as f:
       info = json.load(f)
@@ -126,9 +128,10 @@ def load_or_train_base_policy(cfg, io, task, log=print):
     return graphdef, params, dict(info, path=path, cached=True)
   graphdef, params, info = train_base_policy(cfg, io, task, log)
   os.makedirs(path, exist_ok=True)
-  ckptr.save(os.path.join(path, "params"), params)
+  ckptr.save(os.path.join(path, "params"), params, force=True)
   ckptr.wait_until_finished()
-  with open(os.path.join(path, "info.json"), "w") as f:
-    json.dump(info, f)
+  from jaxreplay.train.checkpoint import fault_point, write_atomic
+  fault_point("kill_during_cache_write")
+  write_atomic(os.path.join(path, "info.json"), json.dumps(info))
   log(f"saved base policy to {path}")
   return graphdef, params, dict(info, path=path, cached=False)
