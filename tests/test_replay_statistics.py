@@ -47,8 +47,8 @@ def _chi_square(counts, probs, batch):
 
 
 CASES = {
-    "uniform": (SamplerConfig(), {}, 8),  # contiguous O(B) path; both distinct_ranks paths
-                                          # are tested on whole subsets below
+    "uniform": (SamplerConfig(), {}, 8),  # contiguous O(B) path; distinct_ranks is tested
+                                          # on whole subsets below
     "uniform_holes": (SamplerConfig(), {"holes": True}, 4),  # masked O(C) path
     "uniform_replace": (SamplerConfig(replace=True), {}, 4),
     "recency_exponential": (SamplerConfig(sampler="recency", recency_temperature=3.0), {}, 4),
@@ -83,7 +83,8 @@ def test_sampler_frequencies_match_stated_probabilities(name):
   _chi_square(np.bincount(idx.ravel(), minlength=C), probs, batch)
 
 
-@pytest.mark.parametrize("n,k", [(10, 3), (14, 3)], ids=["small_path", "large_path"])
+@pytest.mark.parametrize("n,k", [(4, 3), (10, 3), (14, 3)],
+                         ids=["n_near_k_several_blocks", "n_le_4k", "n_gt_4k"])
 def test_distinct_ranks_gives_uniform_subsets(n, k):
   """Every k-subset of {0..n−1} equally likely (a stronger test than slot frequencies)."""
   reps = DRAWS

@@ -205,7 +205,8 @@ def add(state: BufferState, items: Any, policy_version: jax.Array, step: jax.Arr
   items, policy_version, rewards, advantages = jax.tree.map(
       keep, (items, policy_version, rewards, advantages))
   start = (state.write_index + (n_in - n)) % c
-  idx = ((start + jnp.arange(n, dtype=jnp.int32)) % c).astype(jnp.int32)
+  # Both terms are >= 0, so lax.rem is the modulo (jnp's `%` adds sign fix-ups per item).
+  idx = lax.rem(start + jnp.arange(n, dtype=jnp.int32), jnp.int32(c))
   # The rows about to be overwritten: their live count updates `size`. The new rows are
   # computed from them (VALID = max(old, 1), always 1) so that XLA orders this read before
   # the in-place write of `meta`; without that data dependence it copies all of `meta`.
@@ -352,7 +353,7 @@ def _draw_uniform_family(state: BufferState, key: jax.Array, batch_size: int,
 
   g = cfg.group_size
   k = batch_size // g
-  draw = ((lambda key, n: jax.random.randint(key, (k,), 0, jnp.maximum(n, 1), jnp.int32))
+  draw = ((lambda key, n: S.uniform_ints(key, (k,), n))
           if cfg.replace else (lambda key, n: S.distinct_ranks(key, n, k)))
 
   if cfg.sampler == "uniform" and g == 1:
