@@ -207,14 +207,22 @@ def add(state: BufferState, items: Any, policy_version: jax.Array, step: jax.Arr
   start = (state.write_index + (n_in - n)) % c
   # Both terms are >= 0, so lax.rem is the modulo (jnp's `%` adds sign fix-ups per item).
   idx = lax.rem(start + jnp.arange(n, dtype=jnp.int32), jnp.int32(c))
-  # The rows about to be overwritten: their live count updates `size`. The new rows are
-  # computed from them (VALID = max(old, 1), always 1) so that XLA orders this read before
-  # the in-place write of `meta`; without that data dependence it copies all of `meta`.
-  old_valid = state.meta.at[idx, VALID].get(mode="promise_in_bounds")
-  overwritten = old_valid.sum(dtype=jnp.int32)
+  # Live items among the n slots about to be overwritten (they leave `size`), read from two
+  # n-slot windows of the VALID column instead of gathered at `idx`: XLA:CPU splits a gather
+  # from a large array over threads, which costs more than the 64 reads. Window 1 ends at or
+  # starts with `start`; window 2 holds the slots written after the ring wraps to 0.
+  t = jnp.arange(n, dtype=jnp.int32)
+  p1 = jnp.minimum(start, c - n)
+  window1 = lax.dynamic_slice(state.meta, (p1, VALID), (n, 1))[:, 0]
+  window2 = state.meta[:n, VALID]
+  overwritten = jnp.concatenate([jnp.where(t >= start - p1, window1, 0),
+                                 jnp.where(t < start + n - c, window2, 0)]).sum(dtype=jnp.int32)
+  # New rows are computed from that read (1 + min(count, 0) is 1) so that XLA orders it
+  # before the in-place write of `meta`; without the data dependence it copies all of `meta`.
   meta_new = jnp.stack([policy_version.astype(jnp.int32), jnp.full((n,), step, jnp.int32),
                         jnp.zeros((n,), jnp.int32), jnp.full((n,), -1, jnp.int32),
-                        jnp.maximum(old_valid, 1)], axis=1)  # column order of `meta`
+                        jnp.full((n,), 1 + jnp.minimum(overwritten, 0))],
+                       axis=1)  # column order of `meta`
   # idx: N <= C distinct in-range slots, so XLA may scatter without collision handling.
   put = lambda buf, new: buf.at[idx].set(new.astype(buf.dtype), unique_indices=True,
                                          mode="promise_in_bounds")
@@ -341,8 +349,8 @@ def _draw_uniform_family(state: BufferState, key: jax.Array, batch_size: int,
     n_f = fresh.sum(dtype=jnp.int32)
     n_u = used.sum(dtype=jnp.int32)
     k_f, k_u = jax.random.split(key)
-    slot_f = S.select_ranked(fresh, S.distinct_ranks(k_f, n_f, batch_size))
-    slot_u = S.select_ranked(used, S.distinct_ranks(k_u, n_u, batch_size))
+    slot_f = S.select_ranked(fresh, S.distinct_ranks(k_f, n_f, batch_size, c))
+    slot_u = S.select_ranked(used, S.distinct_ranks(k_u, n_u, batch_size, c))
     b = jnp.arange(batch_size, dtype=jnp.int32)
     idx = jnp.where(b < n_f, slot_f, slot_u[jnp.clip(b - n_f, 0, batch_size - 1)])
     bf = jnp.float32(batch_size)
@@ -354,7 +362,7 @@ def _draw_uniform_family(state: BufferState, key: jax.Array, batch_size: int,
   g = cfg.group_size
   k = batch_size // g
   draw = ((lambda key, n: S.uniform_ints(key, (k,), n))
-          if cfg.replace else (lambda key, n: S.distinct_ranks(key, n, k)))
+          if cfg.replace else (lambda key, n: S.distinct_ranks(key, n, k, c // g)))
 
   if cfg.sampler == "uniform" and g == 1:
     n = state.size

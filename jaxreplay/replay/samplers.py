@@ -52,7 +52,7 @@ def uniform_ints(key: jax.Array, shape: tuple[int, ...], n: jax.Array) -> jax.Ar
   return offset.astype(jnp.int32)
 
 
-def distinct_ranks(key: jax.Array, n: jax.Array, k: int) -> jax.Array:
+def distinct_ranks(key: jax.Array, n: jax.Array, k: int, n_max: int | None = None) -> jax.Array:
   """A uniformly random k-subset of {0, …, n−1}, in random order, in O(k log k) expected work.
 
   The subset is the first k distinct values of a stream of i.i.d. uniform draws on
@@ -65,15 +65,21 @@ def distinct_ranks(key: jax.Array, n: jax.Array, k: int) -> jax.Array:
   flat in C (issue 2 performance target). No ``lax.cond`` either: on CPU a conditional runs
   its branch through a nested executor, which cost more than the draw itself.
 
+  With a static bound ``n_max`` on n such that 4k · n_max <= 2^32, the first block is
+  deduplicated with two single-key sorts of packed (value, position) words (cheapest on
+  CPU); the result is the same.
+
   Args:
     key: PRNG key. n: int32 scalar, population size. k: static number of draws.
+    n_max: optional static upper bound on n (e.g. the buffer's capacity).
 
   Returns:
     [k] int32 in [0, max(n, 1)). Distinct when n >= k; when n < k the first n entries are
-    a permutation of {0, …, n−1} and the rest are 0 (callers check ``can_sample``).
+    a permutation of {0, …, n−1} and the rest repeat values (callers check ``can_sample``).
   """
   n = jnp.maximum(jnp.asarray(n, jnp.int32), 1)
   wanted = jnp.minimum(n, k)
+  m = 2 * k
 
   def read_block(block_key, r, count):  # append the 2k draws not seen before, in order
     block = uniform_ints(block_key, (2 * k,), n)
@@ -90,8 +96,29 @@ def distinct_ranks(key: jax.Array, n: jax.Array, k: int) -> jax.Array:
     i, r, count = carry
     return (i + 1, *read_block(jax.random.fold_in(key, i), r, count))
 
-  r, count = read_block(key, None, jnp.int32(0))
+  if n_max is not None and 2 * m * max(n_max, 1) <= 2**32:
+    r, count = _first_distinct_sorted(uniform_ints(key, (m,), n), k, max(n_max, 1))
+  else:
+    r, count = read_block(key, None, jnp.int32(0))
   return lax.while_loop(lambda c: c[2] < wanted, next_block, (jnp.int32(1), r, count))[1]
+
+
+def _first_distinct_sorted(block_m: jax.Array, k: int, n_max: int) -> tuple[jax.Array, jax.Array]:
+  """(first min(k, D) distinct values of ``block_m`` in stream order, padded; min(D, k)).
+
+  Sort 1 orders (value, position) words, so each value's first occurrence leads its run;
+  sort 2 orders (is-repeat, position, value) words, so first occurrences come first, by
+  position. Needs 2m · n_max <= 2^32 (m = len(block_m), values < n_max).
+  """
+  m = block_m.shape[0]
+  pos = jnp.arange(m, dtype=jnp.uint32)
+  by_value = jnp.sort(block_m.astype(jnp.uint32) * jnp.uint32(m) + pos)
+  value, position = by_value // jnp.uint32(m), by_value % jnp.uint32(m)
+  repeat = jnp.concatenate([jnp.zeros((1,), bool), value[1:] == value[:-1]])
+  by_position = jnp.sort((repeat.astype(jnp.uint32) * jnp.uint32(m) + position)
+                         * jnp.uint32(n_max) + value)[:k]
+  distinct = m - repeat.sum(dtype=jnp.int32)
+  return (by_position % jnp.uint32(n_max)).astype(jnp.int32), jnp.minimum(distinct, k)
 
 
 def prefix_search(cumsum_c: jax.Array, u_k: jax.Array) -> jax.Array:
