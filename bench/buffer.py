@@ -8,8 +8,8 @@ nothing to donate), are warmed up before timing, and are timed call by call with
 ``block_until_ready``. The calls are interleaved because this machine's speed drifts: every
 round runs one add and one sample of each library at every capacity, the order alternating
 from round to round, and the table reports median times and medians of per-round ratios
-(also for the cost of sampling at 1e5 against 1e3). Our sampler draws without duplicates and updates the
-items' use counters; flashbax's draws with replacement and updates nothing.
+(also for the cost of sampling at 1e5 against 1e3). Our sampler draws without duplicates
+and updates the items' use counters; flashbax's draws with replacement and updates nothing.
 
 Issue 2 targets: ours / flashbax <= 1 for add and for sample, and our sample at C = 1e5 within
 1.5x of C = 1e3.
