@@ -359,9 +359,34 @@ def test_bundle_donates_state():
   old = s.items["tok"]
   s = rb.add(s, _items(2), jnp.zeros(2, jnp.int32), jnp.int32(0))
   assert old.is_deleted()
-  old = s.times_sampled
+  old = s.meta
   s, _ = rb.sample(s, jax.random.key(0), jnp.int32(0), jnp.int32(0))
   assert old.is_deleted()
+
+
+@pytest.mark.parametrize("cfg", [
+    SamplerConfig(), SamplerConfig(replace=True), SamplerConfig(sampler="priority"),
+    SamplerConfig(sampler="recency", recency="geometric"),
+    SamplerConfig(sampler="positive_bias", positive_bias_size=8),
+    SamplerConfig(sampler="fresh_first"), SamplerConfig(group_size=2),
+    SamplerConfig(max_staleness=2, max_times_sampled=3)],
+    ids=lambda c: f"{c.sampler}-{c.recency}-r{c.replace}-g{c.group_size}-{c.evicts}")
+def test_compiled_add_and_sample_make_no_capacity_sized_copy(cfg):
+  """Donated state is updated in place: the compiled HLO holds no copy of a [C, ...] buffer."""
+  c = 1000
+  items = {"tok": jnp.zeros((4, 8), jnp.int32), "rewards": jnp.zeros((4,), jnp.float32)}
+  s = replay.init(items, c)
+  add = jax.jit(replay.add, donate_argnums=0).lower(
+      s, items, jnp.zeros(4, jnp.int32), jnp.int32(0)).compile().as_text()
+  sample = jax.jit(lambda s, k: replay.sample(s, k, 2, 0, 0, cfg), donate_argnums=0).lower(
+      s, jax.random.key(0)).compile().as_text()
+  hlo_type = {"int32": "s32", "float32": "f32", "bool": "pred"}
+  state_shapes = {hlo_type[x.dtype.name] + str(list(x.shape)).replace(" ", "")
+                  for x in jax.tree.leaves(s) if x.ndim}  # e.g. "s32[1000,5]"
+  for text in (add, sample):
+    copies = [l for l in text.splitlines()
+              if " copy(" in l and l.split("=")[1].split("{")[0].strip() in state_shapes]
+    assert not copies, copies
 
 
 # --- rate limiter -------------------------------------------------------------------------------

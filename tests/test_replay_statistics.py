@@ -47,8 +47,8 @@ def _chi_square(counts, probs, batch):
 
 
 CASES = {
-    "uniform": (SamplerConfig(), {}, 8),  # contiguous O(B) path; both distinct_ranks paths
-                                          # are tested on whole subsets below
+    "uniform": (SamplerConfig(), {}, 8),  # contiguous O(B) path; distinct_ranks is tested
+                                          # on whole subsets below
     "uniform_holes": (SamplerConfig(), {"holes": True}, 4),  # masked O(C) path
     "uniform_replace": (SamplerConfig(replace=True), {}, 4),
     "recency_exponential": (SamplerConfig(sampler="recency", recency_temperature=3.0), {}, 4),
@@ -83,11 +83,13 @@ def test_sampler_frequencies_match_stated_probabilities(name):
   _chi_square(np.bincount(idx.ravel(), minlength=C), probs, batch)
 
 
-@pytest.mark.parametrize("n,k", [(10, 3), (14, 3)], ids=["small_path", "large_path"])
-def test_distinct_ranks_gives_uniform_subsets(n, k):
+@pytest.mark.parametrize("n_max", [None, 24], ids=["pairwise_dedup", "sorted_dedup"])
+@pytest.mark.parametrize("n,k", [(4, 3), (10, 3), (14, 3)],
+                         ids=["n_near_k_several_blocks", "n_le_4k", "n_gt_4k"])
+def test_distinct_ranks_gives_uniform_subsets(n, k, n_max):
   """Every k-subset of {0..n−1} equally likely (a stronger test than slot frequencies)."""
   reps = DRAWS
-  r = np.asarray(jax.jit(jax.vmap(lambda key: S.distinct_ranks(key, n, k)))(
+  r = np.asarray(jax.jit(jax.vmap(lambda key: S.distinct_ranks(key, n, k, n_max)))(
       jax.random.split(jax.random.key(7), reps)))
   assert ((r >= 0) & (r < n)).all()
   r = np.sort(r, axis=1)
@@ -97,6 +99,15 @@ def test_distinct_ranks_gives_uniform_subsets(n, k):
   assert len(subsets) == math.comb(n, k)
   p = scipy.stats.chisquare(counts).pvalue
   assert p > 1e-3, p
+
+
+def test_distinct_ranks_dedup_paths_agree():
+  """The sorted first-block dedup (static bound n_max) returns exactly the pairwise one."""
+  keys = jax.random.split(jax.random.key(3), 200)
+  for n, k in [(5, 4), (40, 16), (1000, 128), (100_000, 128)]:
+    draw = jax.jit(jax.vmap(lambda key, m: S.distinct_ranks(key, n, k, m), (0, None)),
+                   static_argnums=1)
+    np.testing.assert_array_equal(draw(keys, None), draw(keys, 100_000))
 
 
 def test_chi_square_detects_a_wrong_distribution():

@@ -20,6 +20,7 @@ identical to one device (tested).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple
 
@@ -38,32 +39,45 @@ __all__ = ["SAMPLERS", "BufferState", "SampleResult", "init", "add", "sample", "
 DEFAULT_CONFIG = SamplerConfig()
 
 
+# Columns of ``BufferState.meta`` ([C, 5] int32) and ``BufferState.scores`` ([C, 2] float32).
+# Per-slot bookkeeping lives in these two arrays rather than seven [C] vectors so that an
+# ``add`` or ``sample`` touches 2 bookkeeping buffers, not 7: fewer kernels to run and fewer
+# arrays to donate per call (issue 2 performance; see the README's performance section).
+POLICY_VERSION, INSERT_STEP, TIMES_SAMPLED, LAST_SAMPLED_STEP, VALID = range(5)
+REWARD, ADVANTAGE = range(2)
+_META_COLUMNS = {"policy_version": POLICY_VERSION, "insert_step": INSERT_STEP,
+                 "times_sampled": TIMES_SAMPLED, "last_sampled_step": LAST_SAMPLED_STEP,
+                 "valid": VALID}
+_SCORE_COLUMNS = {"reward": REWARD, "advantage": ADVANTAGE}
+
+
 @flax.struct.dataclass
 class BufferState:
   """Ring-buffer state for capacity C.
 
   Attributes:
     items: pytree, every leaf [C, ...].
+    meta: [C, 5] int32 per-slot bookkeeping, columns ``POLICY_VERSION``, ``INSERT_STEP``,
+      ``TIMES_SAMPLED``, ``LAST_SAMPLED_STEP``, ``VALID`` (0 / 1); read them through the
+      properties below.
+    scores: [C, 2] float32, columns ``REWARD``, ``ADVANTAGE``.
+    write_index: int32 scalar, next slot to write (the oldest written slot once full).
+    size: int32 scalar, number of valid slots.
+    total_inserted: int32 scalar, items ever added.
+
+  Properties (views of ``meta`` / ``scores``; ``replace`` accepts them as keywords too):
     policy_version: [C] int32, version that generated each item.
     insert_step: [C] int32, learner step at insertion.
     times_sampled: [C] int32, number of draws of the item so far.
     last_sampled_step: [C] int32, learner step of the last draw (−1 never).
+    valid: [C] bool, slot holds a live item.
     reward: [C] float32, the item's reward (correct ⇔ reward >= ``correct_threshold``).
     advantage: [C] float32, the item's advantage (priority sampler).
-    valid: [C] bool, slot holds a live item.
-    write_index: int32 scalar, next slot to write (the oldest written slot once full).
-    size: int32 scalar, number of valid slots.
-    total_inserted: int32 scalar, items ever added.
   """
 
   items: Any
-  policy_version: jax.Array
-  insert_step: jax.Array
-  times_sampled: jax.Array
-  last_sampled_step: jax.Array
-  reward: jax.Array
-  advantage: jax.Array
-  valid: jax.Array
+  meta: jax.Array
+  scores: jax.Array
   write_index: jax.Array
   size: jax.Array
   total_inserted: jax.Array
@@ -71,7 +85,28 @@ class BufferState:
   @property
   def capacity(self) -> int:
     """C (static)."""
-    return self.valid.shape[0]
+    return self.meta.shape[0]
+
+  policy_version = property(lambda self: self.meta[:, POLICY_VERSION])
+  insert_step = property(lambda self: self.meta[:, INSERT_STEP])
+  times_sampled = property(lambda self: self.meta[:, TIMES_SAMPLED])
+  last_sampled_step = property(lambda self: self.meta[:, LAST_SAMPLED_STEP])
+  valid = property(lambda self: self.meta[:, VALID] != 0)
+  reward = property(lambda self: self.scores[:, REWARD])
+  advantage = property(lambda self: self.scores[:, ADVANTAGE])
+
+
+def _replace(self: BufferState, **updates) -> BufferState:
+  """``dataclasses.replace`` that also takes the per-slot column names (e.g. ``valid=``)."""
+  meta, scores = updates.pop("meta", self.meta), updates.pop("scores", self.scores)
+  for name in [k for k in updates if k in _META_COLUMNS]:
+    meta = meta.at[:, _META_COLUMNS[name]].set(jnp.asarray(updates.pop(name), jnp.int32))
+  for name in [k for k in updates if k in _SCORE_COLUMNS]:
+    scores = scores.at[:, _SCORE_COLUMNS[name]].set(jnp.asarray(updates.pop(name), jnp.float32))
+  return dataclasses.replace(self, meta=meta, scores=scores, **updates)
+
+
+BufferState.replace = _replace
 
 
 @flax.struct.dataclass
@@ -114,11 +149,9 @@ def init(example_items: Any, capacity: int) -> BufferState:
     raise ValueError(f"buffer.capacity={capacity!r} is invalid: must be an int >= 1")
   items = jax.tree.map(lambda x: jnp.zeros((capacity,) + tuple(x.shape[1:]), x.dtype),
                        example_items)
-  # Every field its own buffer (a shared one could not be donated twice).
-  zeros = lambda dtype=jnp.int32: jnp.zeros((capacity,), dtype)
-  return BufferState(items=items, policy_version=zeros(), insert_step=zeros(),
-                     times_sampled=zeros(), last_sampled_step=jnp.full((capacity,), -1, jnp.int32),
-                     reward=zeros(jnp.float32), advantage=zeros(jnp.float32), valid=zeros(bool),
+  meta = jnp.zeros((capacity, len(_META_COLUMNS)), jnp.int32).at[:, LAST_SAMPLED_STEP].set(-1)
+  return BufferState(items=items, meta=meta,
+                     scores=jnp.zeros((capacity, len(_SCORE_COLUMNS)), jnp.float32),
                      write_index=jnp.array(0, jnp.int32), size=jnp.array(0, jnp.int32),
                      total_inserted=jnp.array(0, jnp.int32))
 
@@ -172,20 +205,31 @@ def add(state: BufferState, items: Any, policy_version: jax.Array, step: jax.Arr
   items, policy_version, rewards, advantages = jax.tree.map(
       keep, (items, policy_version, rewards, advantages))
   start = (state.write_index + (n_in - n)) % c
-  idx = ((start + jnp.arange(n, dtype=jnp.int32)) % c).astype(jnp.int32)
-  overwritten = state.valid.at[idx].get(mode="promise_in_bounds").sum(dtype=jnp.int32)
+  # Both terms are >= 0, so lax.rem is the modulo (jnp's `%` adds sign fix-ups per item).
+  idx = lax.rem(start + jnp.arange(n, dtype=jnp.int32), jnp.int32(c))
+  # Live items among the n slots about to be overwritten (they leave `size`), read from two
+  # n-slot windows of the VALID column instead of gathered at `idx`: XLA:CPU splits a gather
+  # from a large array over threads, which costs more than the 64 reads. Window 1 ends at or
+  # starts with `start`; window 2 holds the slots written after the ring wraps to 0.
+  t = jnp.arange(n, dtype=jnp.int32)
+  p1 = jnp.minimum(start, c - n)
+  window1 = lax.dynamic_slice(state.meta, (p1, VALID), (n, 1))[:, 0]
+  window2 = state.meta[:n, VALID]
+  overwritten = jnp.concatenate([jnp.where(t >= start - p1, window1, 0),
+                                 jnp.where(t < start + n - c, window2, 0)]).sum(dtype=jnp.int32)
+  # New rows are computed from that read (1 + min(count, 0) is 1) so that XLA orders it
+  # before the in-place write of `meta`; without the data dependence it copies all of `meta`.
+  meta_new = jnp.stack([policy_version.astype(jnp.int32), jnp.full((n,), step, jnp.int32),
+                        jnp.zeros((n,), jnp.int32), jnp.full((n,), -1, jnp.int32),
+                        jnp.full((n,), 1 + jnp.minimum(overwritten, 0))],
+                       axis=1)  # column order of `meta`
   # idx: N <= C distinct in-range slots, so XLA may scatter without collision handling.
   put = lambda buf, new: buf.at[idx].set(new.astype(buf.dtype), unique_indices=True,
                                          mode="promise_in_bounds")
   return state.replace(
       items=jax.tree.map(put, state.items, items),
-      policy_version=put(state.policy_version, policy_version),
-      insert_step=put(state.insert_step, jnp.full((n,), step, jnp.int32)),
-      times_sampled=put(state.times_sampled, jnp.zeros((n,), jnp.int32)),
-      last_sampled_step=put(state.last_sampled_step, jnp.full((n,), -1, jnp.int32)),
-      reward=put(state.reward, rewards),
-      advantage=put(state.advantage, advantages),
-      valid=put(state.valid, jnp.ones((n,), bool)),
+      meta=put(state.meta, meta_new),
+      scores=put(state.scores, jnp.stack([rewards, advantages], axis=1)),
       write_index=((start + n) % c).astype(jnp.int32),
       size=(state.size + n - overwritten).astype(jnp.int32),
       total_inserted=(state.total_inserted + n_in).astype(jnp.int32),
@@ -206,16 +250,19 @@ def evict(state: BufferState, current_version: jax.Array,
   Returns:
     The state with evicted slots invalid and ``size`` reduced.
   """
+  if not cfg.evicts:
+    return state
   drop = jnp.zeros_like(state.valid)
   if cfg.max_staleness is not None:
     drop = drop | (current_version - state.policy_version > cfg.max_staleness)
   if cfg.max_times_sampled is not None:
     drop = drop | (state.times_sampled >= cfg.max_times_sampled)
-  if not cfg.evicts:
-    return state
   drop = drop & state.valid
-  return state.replace(valid=state.valid & ~drop,
-                       size=(state.size - drop.sum(dtype=jnp.int32)).astype(jnp.int32))
+  n_drop = drop.sum(dtype=jnp.int32)
+  # `n_drop >= 0` is always true; it makes the in-place write of `meta` wait for the count
+  # (which reads `meta`), so XLA needs no copy of `meta` to keep that read safe.
+  return state.replace(valid=state.valid & ~drop & (n_drop >= 0),
+                       size=(state.size - n_drop).astype(jnp.int32))
 
 
 def _is_contiguous(state: BufferState) -> jax.Array:
@@ -302,20 +349,20 @@ def _draw_uniform_family(state: BufferState, key: jax.Array, batch_size: int,
     n_f = fresh.sum(dtype=jnp.int32)
     n_u = used.sum(dtype=jnp.int32)
     k_f, k_u = jax.random.split(key)
-    slot_f = S.select_ranked(fresh, S.distinct_ranks(k_f, n_f, batch_size))
-    slot_u = S.select_ranked(used, S.distinct_ranks(k_u, n_u, batch_size))
+    slot_f = S.select_ranked(fresh, S.distinct_ranks(k_f, n_f, batch_size, c))
+    slot_u = S.select_ranked(used, S.distinct_ranks(k_u, n_u, batch_size, c))
     b = jnp.arange(batch_size, dtype=jnp.int32)
     idx = jnp.where(b < n_f, slot_f, slot_u[jnp.clip(b - n_f, 0, batch_size - 1)])
     bf = jnp.float32(batch_size)
     nf, nu = n_f.astype(jnp.float32), n_u.astype(jnp.float32)
     p_f = jnp.minimum(bf, nf) / jnp.maximum(nf, 1.0) / bf
     p_u = jnp.maximum(bf - nf, 0.0) / jnp.maximum(nu, 1.0) / bf
-    return idx, jnp.where(fresh[idx], p_f, p_u)
+    return idx, jnp.where(b < n_f, p_f, p_u)  # positions b < n_f hold the fresh slots
 
   g = cfg.group_size
   k = batch_size // g
-  draw = ((lambda key, n: jax.random.randint(key, (k,), 0, jnp.maximum(n, 1), jnp.int32))
-          if cfg.replace else (lambda key, n: S.distinct_ranks(key, n, k)))
+  draw = ((lambda key, n: S.uniform_ints(key, (k,), n))
+          if cfg.replace else (lambda key, n: S.distinct_ranks(key, n, k, c // g)))
 
   if cfg.sampler == "uniform" and g == 1:
     n = state.size
@@ -376,28 +423,35 @@ def sample(state: BufferState, key: jax.Array, batch_size: int, current_version:
     idx = S.prefix_search(cums, u)
     probs = p_c[idx]
     beta = cfg.priority_beta if cfg.sampler == "priority" else cfg.recency_beta
-    min_p = jnp.min(jnp.where(state.valid & (p_c > 0), p_c, jnp.inf))  # least likely drawable
+    min_p = jnp.min(jnp.where(p_c > 0, p_c, jnp.inf))  # least likely drawable (0 if invalid)
     weights = S.importance_weights(probs, beta, min_p)
   else:
     idx, probs = _draw_uniform_family(state, key, batch_size, cfg)
     weights = jnp.ones((batch_size,), jnp.float32)
   get = lambda x: x.at[idx].get(mode="promise_in_bounds")  # idx in [0, C) by construction
-  before = get(state.times_sampled)
-  last = get(state.last_sampled_step)
+  rows = get(state.meta)  # [B, 5]: one gather for all the bookkeeping the batch reports
+  before, last = rows[:, TIMES_SAMPLED], rows[:, LAST_SAMPLED_STEP]
   result = SampleResult(
       items=jax.tree.map(get, state.items),
       indices=idx,
       probs=probs,
       weights=weights,
-      staleness=(current_version - get(state.policy_version)).astype(jnp.int32),
+      staleness=(current_version - rows[:, POLICY_VERSION]).astype(jnp.int32),
       times_sampled_before=before,
       steps_since_last_use=jnp.where(last < 0, -1, step - last).astype(jnp.int32),
   )
-  unique = not cfg.replace and cfg.sampler not in ("recency", "priority")
-  state = state.replace(
-      times_sampled=state.times_sampled.at[idx].add(1, mode="promise_in_bounds"),
-      last_sampled_step=state.last_sampled_step.at[idx].set(
-          jnp.full((batch_size,), step), unique_indices=unique, mode="promise_in_bounds"))
+  # The updates are computed from `rows`, which makes XLA read them before it writes `meta`
+  # in place (no copy of `meta`).
+  if not cfg.replace and cfg.sampler not in ("recency", "priority"):  # distinct slots
+    used = jnp.stack([before + 1, jnp.full((batch_size,), step, jnp.int32)], axis=1)
+    meta = state.meta.at[idx, TIMES_SAMPLED:LAST_SAMPLED_STEP + 1].set(
+        used, unique_indices=True, mode="promise_in_bounds")
+  else:  # a slot drawn k times counts k uses; min(before, 0) is 0 (counts are >= 0)
+    meta = state.meta.at[idx, TIMES_SAMPLED].add(jnp.minimum(before, 0) + 1,
+                                                 mode="promise_in_bounds")
+    meta = meta.at[idx, LAST_SAMPLED_STEP].set(jnp.full((batch_size,), step),
+                                               mode="promise_in_bounds")
+  state = state.replace(meta=meta)
   if cfg.max_times_sampled is not None:
     state = evict(state, current_version, SamplerConfig(max_times_sampled=cfg.max_times_sampled))
   return state, result
