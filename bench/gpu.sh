@@ -2,7 +2,10 @@
 # One prepared GPU check (issue 6): generation throughput vs Hugging Face and learner-step
 # MFU at Qwen2.5-0.5B shapes in bf16. Runs under the machine's own python3 (JAX with CUDA);
 # falls back to the pinned flax/optax/chex wheels carried in .gpu/wheels if the image's
-# versions cannot import jaxreplay. Writes its logs to ${OUT:-/tmp}.
+# versions cannot import jaxreplay (make them here first, ignored by git:
+# pip download --no-deps -d .gpu/wheels flax==0.12.8 optax==0.2.8 chex==0.1.92), and pass
+# carry=[".gpu"] to the device tool. The image's JAX (0.11.2 when measured) is newer than
+# pyproject's CPU pin. Writes its logs to ${OUT:-/tmp}.
 set -uo pipefail
 OUT=${OUT:-/tmp}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 HF_HUB_OFFLINE=1

@@ -1,7 +1,7 @@
 """Qwen2.5-0.5B-Instruct on GSM8K-style word problems: one GPU or a Colab runtime.
 
 Loads a local Hugging Face checkpoint (no download at run time): fetch it once, e.g.
-``huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir ckpt/qwen2.5-0.5b-instruct``,
+``hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir ckpt/qwen2.5-0.5b-instruct``,
 then ``python -m jaxreplay.main --config configs/qwen2_5_0_5b.py
 --config.model.path=ckpt/qwen2.5-0.5b-instruct``.
 

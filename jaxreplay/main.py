@@ -22,11 +22,17 @@ def main(argv) -> None:
   from jaxreplay.config import ConfigError
   from jaxreplay.train.loop import run  # after flag parsing: keeps --help fast
   try:
-    s = run(_CONFIG.value)
+    cfg = _CONFIG.value  # the config file is loaded lazily: touch it here
+    cfg["seed"]
+  except (flags.Error, OSError, AttributeError, KeyError, TypeError, ValueError) as e:
+    msg = " ".join(str(e).split())
+    raise SystemExit(f"jaxreplay: cannot load --config: {msg}") from None
+  try:
+    s = run(cfg)
   except ConfigError as e:  # a bad config fails before any compute, without a traceback
     raise SystemExit(f"jaxreplay: {e}") from None
   print("\n=== jaxreplay summary ===")
-  print(f"held-out accuracy, sampled at T={_CONFIG.value.sampler.temperature}: "
+  print(f"held-out accuracy, sampled at T={cfg.sampler.temperature}: "
         f"{s['acc_sampled_before']:.3f} -> {s['acc_sampled_after']:.3f}")
   print(f"held-out accuracy, greedy: {s['acc_greedy_before']:.3f} -> {s['acc_greedy_after']:.3f}")
   print(f"generated tokens: {s['generated_tokens']}  trained tokens: {s['trained_tokens']}  "
@@ -39,10 +45,14 @@ def main(argv) -> None:
 def _parse_flags(argv):
   """absl flag parsing with a one-line error for a misspelt or ill-typed config override."""
   try:
-    return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    rest = flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
     msg = str(e).replace("\\n", " ").replace("\n", " ").strip("'\"")
     raise SystemExit(f"jaxreplay: bad command line: {msg}") from None
+  if len(rest) > 1:  # e.g. a config path given without --config: never run the default
+    raise SystemExit(f"jaxreplay: unexpected argument(s) {' '.join(rest[1:])!r}; pass the "
+                     "config file as --config PATH and overrides as --config.FIELD=VALUE")
+  return rest
 
 
 if __name__ == "__main__":

@@ -41,6 +41,17 @@ def _save(fig, out_dir: str, name: str, paths: list[str]) -> None:
   plt.close(fig)
 
 
+def run_labels(run_dirs: list[str]) -> list[str]:
+  """Shortest distinct trailing path of each run directory (``default``, or
+  ``a/default`` and ``b/default`` when two runs share a folder name)."""
+  parts = [os.path.normpath(os.path.abspath(d)).split(os.sep) for d in run_dirs]
+  for n in range(1, max(len(p) for p in parts) + 1):
+    labels = ["/".join(p[-n:]) for p in parts]
+    if len(set(labels)) == len(labels):
+      return labels
+  return [os.path.normpath(d) for d in run_dirs]
+
+
 def plot_runs(run_dirs: list[str], out_dir: str) -> list[str]:
   """Draws the comparison figures for ``run_dirs`` into ``out_dir``.
 
@@ -55,7 +66,7 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> list[str]:
     FileNotFoundError: a run directory without ``metrics.jsonl``.
   """
   os.makedirs(out_dir, exist_ok=True)
-  runs = {os.path.basename(os.path.normpath(d)) or d: _elapsed(read_metrics(d)) for d in run_dirs}
+  runs = {name: _elapsed(read_metrics(d)) for name, d in zip(run_labels(run_dirs), run_dirs)}
   for recs in runs.values():  # the step-0 evaluation sits at zero cost
     if recs and "eval/acc_sampled" in recs[0]:
       recs[0].setdefault("generated_tokens", 0)

@@ -203,9 +203,10 @@ def read_meta(manager: ocp.CheckpointManager) -> dict | None:
 
 
 # Config fields that may change between a run and its resumption: extending the run
-# (train.steps), where it logs, how often it evaluates/saves/monitors drift, the device mesh (a checkpoint
+# (train.steps), where it logs, how often it evaluates/saves/monitors drift (not what an
+# evaluation measures: before and after must stay comparable), the device mesh (a checkpoint
 # restores onto any mesh), and where caches live.
-RESUMABLE_PREFIXES = ("train.steps", "workdir", "log.", "eval.", "checkpoint.", "mesh.",
+RESUMABLE_PREFIXES = ("train.steps", "workdir", "log.", "eval.every", "checkpoint.", "mesh.",
                       "drift.", "warmstart.cache_dir")
 
 

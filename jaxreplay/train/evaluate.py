@@ -46,19 +46,21 @@ def pass_at_k(num_samples: np.ndarray, num_correct: np.ndarray, k: int) -> np.nd
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "temperature"))
-def _entropy_sum(graphdef, params, prompt_tokens, prompt_mask, tokens, mask, *, temperature):
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "top_k", "top_p"))
+def _entropy_sum(graphdef, params, prompt_tokens, prompt_mask, tokens, mask, *, temperature,
+                 top_k=0, top_p=1.0):
   """(Σ entropy, token count) over completion tokens of one generated chunk."""
   full = jnp.concatenate([prompt_tokens, tokens], 1)
   attn = jnp.concatenate([prompt_mask, mask], 1)
   comp = jnp.concatenate([jnp.zeros_like(prompt_mask), mask], 1)
-  _, ent = token_logprobs(graphdef, params, full, attn, temperature)
+  _, ent = token_logprobs(graphdef, params, full, attn, temperature, top_k, top_p)
   return jnp.where(comp, ent, 0.0).sum(), comp.sum()
 
 
 def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], key: jax.Array,
              max_new_tokens: int, temperature: float, samples_per_example: int,
-             chunk: int = 1024, correct_threshold: float = 1.0) -> dict[str, float]:
+             chunk: int = 1024, correct_threshold: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0) -> dict[str, float]:
   """Held-out accuracy: greedy (temperature 0) and sampled at ``temperature``, with pass@k.
 
   The sampled pass draws ``samples_per_example`` completions per example; pass@k for
@@ -75,13 +77,15 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
     samples_per_example: completions per example in the sampled pass.
     chunk: rows per generate call (fixed so shapes, hence compiles, repeat).
     correct_threshold: reward at or above which a completion counts as correct.
+    top_k, top_p: the sampled pass's truncation (the sampler's ``sampler.top_k/top_p``;
+      the fresh-sample entropy is that of the truncated distribution).
 
   Returns:
     {"acc_greedy", "acc_sampled" (= mean reward of the sampled pass), "len_sampled"
     (mean completion length, tokens), "entropy_fresh" (nats per token),
     "pass@k" for each k in PASS_AT with k <= samples_per_example (fractions in [0, 1])}.
   """
-  def run(exs, temp, k, with_entropy=False):
+  def run(exs, temp, k, with_entropy=False, tk=0, tp=1.0):
     rewards, lengths, ent = [], [], [0.0, 0]
     for s in range(0, len(exs), chunk):
       part = list(exs[s:s + chunk])
@@ -90,21 +94,23 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
       toks, mask, _ = io.prompts(part)
       k, sub = jax.random.split(k)
       g = generate(graphdef, params, toks, mask, sub, max_new_tokens=max_new_tokens,
-                   temperature=temp, eos_ids=io.eos_ids, pad_id=io.pad_id)
+                   temperature=temp, top_k=tk, top_p=tp, eos_ids=io.eos_ids,
+                   pad_id=io.pad_id)
       r, _ = score(task, io.decode(g.tokens[:n], g.mask[:n]), part[:n])
       rewards.append(r)
       lengths.append(np.asarray(g.length[:n]))
       if with_entropy:
         keep = jnp.arange(len(part)) < n  # padding rows of the last chunk do not count
         e_sum, e_cnt = _entropy_sum(graphdef, params, jnp.asarray(toks), jnp.asarray(mask),
-                                    g.tokens, g.mask & keep[:, None], temperature=temp)
+                                    g.tokens, g.mask & keep[:, None], temperature=temp,
+                                    top_k=tk, top_p=tp)
         ent[0] += float(e_sum)
         ent[1] += int(e_cnt)
     return np.concatenate(rewards), np.concatenate(lengths), ent[0] / max(ent[1], 1)
 
   r_g, _, _ = run(examples, 0.0, key)
   rep = [e for e in examples for _ in range(samples_per_example)]
-  r_s, len_s, ent = run(rep, temperature, key, with_entropy=True)
+  r_s, len_s, ent = run(rep, temperature, key, with_entropy=True, tk=top_k, tp=top_p)
   out = {"acc_greedy": float(r_g.mean()), "acc_sampled": float(r_s.mean()),
          "len_sampled": float(len_s.mean()), "entropy_fresh": float(ent)}
   correct = (r_s >= correct_threshold).reshape(len(examples), samples_per_example).sum(1)

@@ -418,6 +418,10 @@ def run(cfg, log=print) -> dict:
   mesh_shape = config_lib.mesh_shape(cfg)
   mesh = sharding_lib.make_mesh(*mesh_shape, devices=jax.devices()[:int(np.prod(mesh_shape))])
   t_start = time.time()
+  try:  # a bad task config fails here, before any file or checkpoint manager is created
+    task = make_task(cfg.task)
+  except (ValueError, FileNotFoundError) as e:
+    raise config_lib.ConfigError(str(e)) from None
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), cfg.checkpoint.max_to_keep)
@@ -437,10 +441,6 @@ def run(cfg, log=print) -> dict:
   mode, lag = cfg.train.mode, cfg.train.lag if cfg.train.mode == "simulated_async" else 0
 
   # --- task, tokenizer, base policy ------------------------------------------------------
-  try:
-    task = make_task(cfg.task)
-  except (ValueError, FileNotFoundError) as e:  # a bad task config, before any compute
-    raise config_lib.ConfigError(str(e)) from None
   ckpt_lib.write_atomic(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
   io, graphdef, params, base_info = load_policy(cfg, task, log)
   heldout = task.heldout[:cfg.eval.num_examples]
@@ -449,7 +449,8 @@ def run(cfg, log=print) -> dict:
                                   max_new_tokens=m,
                                   temperature=cfg.eval.get("temperature") or cfg.sampler.temperature,
                                   samples_per_example=cfg.eval.samples_per_example,
-                                  correct_threshold=cfg.buffer.correct_threshold)
+                                  correct_threshold=cfg.buffer.correct_threshold,
+                                  top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p)
 
   # --- learner, buffer, RNG --------------------------------------------------------------
   optimizer = make_optimizer(cfg.algo.lr, cfg.algo.warmup_steps, cfg.algo.max_grad_norm,

@@ -52,6 +52,21 @@ class MetricWriter:
 
 
 def read_metrics(run_dir: str) -> list[dict[str, Any]]:
-  """All records of ``RUN_DIR/metrics.jsonl`` in order."""
-  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The records of ``RUN_DIR/metrics.jsonl`` by step, the last one written per step.
+
+  A run resumed after a crash recomputes (identically) the steps after its last
+  checkpoint and appends them again; the later record of a step wins.
+
+  Raises:
+    FileNotFoundError: no ``metrics.jsonl`` in ``run_dir``.
+  """
+  path = os.path.join(run_dir, "metrics.jsonl")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{run_dir} holds no metrics.jsonl (is it a jaxreplay run directory?)")
+  by_step: dict = {}
+  with open(path) as f:
+    for i, line in enumerate(f):
+      if line.strip():
+        rec = json.loads(line)
+        by_step[rec.get("step", -1 - i)] = rec
+  return [by_step[k] for k in sorted(by_step)]
