@@ -50,6 +50,9 @@ def test_every_loss_has_a_preset():
     ("algo.lr", 0.0, "algo.lr=0.0"),
     ("task.on_too_long", "drop", "task.on_too_long='drop'"),
     ("algo.lr_schedule", "linear", "algo.lr_schedule='linear'"),
+    ("eval.num_examples", 0, "eval.num_examples=0.*>= 1"),
+    ("sampler.top_p", 0.0, "sampler.top_p=0.0"),
+    ("model.source", "torch", "model.source='torch'.*builtin"),
 ])
 def test_bad_values_name_the_field(field, value, match):
   c = load(os.path.join(ROOT, "configs", "default.py"))
@@ -57,3 +60,20 @@ def test_bad_values_name_the_field(field, value, match):
   c[sec][name] = value
   with pytest.raises(config_lib.ConfigError, match=match):
     config_lib.validate(c)
+
+
+@pytest.mark.parametrize("args,match", [
+    (["configs/small.py"], "unexpected argument.*configs/small.py.*--config PATH"),
+    (["--config", "configs/nope.py"], "cannot load --config.*No such file"),
+    (["--config", "configs/small.py", "--config.train.stpes=3"], "bad command line.*steps"),
+])
+def test_command_line_errors_are_one_line(args, match):
+  """A mistyped command line exits with one line (no traceback) before anything runs."""
+  import re
+  import subprocess
+  import sys
+  out = subprocess.run([sys.executable, "-m", "jaxreplay.main", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode != 0
+  assert "Traceback" not in out.stderr
+  assert re.search(match, out.stderr.strip().splitlines()[-1])
