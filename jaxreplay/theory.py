@@ -125,10 +125,19 @@ def main(argv=None) -> None:
   mu = a.mu if a.mu is not None else (mu_from_run(a.run_dir)["mu_time"] if a.run_dir else None)
   if mu is None:
     p.error("give --mu or --run_dir")
-  x, y = power_law_design(mu, a.rho, a.alpha)
+  try:
+    x, y = power_law_design(mu, a.rho, a.alpha)
+  except ValueError as e:  # parameters outside the closed form's domain
+    p.error(str(e))
   r = a.batch_size / y
+  n = x * r
   print(f"mu={mu:.3f} rho={a.rho} alpha={a.alpha}: x*=N/R={x:.2f} steps, y*=B/R={y:.2f}")
-  print(f"for B={a.batch_size}: R ≈ {r:.0f} rollouts per step, N ≈ {x * r:.0f}")
+  print(f"for B={a.batch_size}: R ≈ {r:.0f} rollouts per step, N ≈ {n:.0f}")
+  need = max(r, a.batch_size)
+  if n < need:  # the trainer needs the buffer to hold a whole step and a whole batch
+    print(f"note: N < max(R, B) = {need:.0f}; the trainer needs buffer.capacity >= "
+          f"rollout.per_step and >= train.batch_size, so use N = {need:.0f} (the constrained "
+          "optimum lies on that boundary)")
 
 
 if __name__ == "__main__":

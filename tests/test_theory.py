@@ -48,3 +48,17 @@ def test_cli_suggests_n_and_r(capsys):
   theory.main(["--mu", "5.28", "--rho", "0.1", "--alpha", "0.25", "--batch_size", "60"])
   out = capsys.readouterr().out
   assert "x*=N/R=2.43" in out and "y*=B/R=3.21" in out and "R ≈ 19" in out
+
+
+def test_cli_notes_when_the_optimal_buffer_is_below_the_trainer_minimum(capsys):
+  """x* = 0.44 (mu 0.497, rho 0.1, alpha 0.25): N ≈ 245 < R ≈ 562, which the trainer refuses."""
+  theory.main(["--mu", "0.497", "--rho", "0.1", "--alpha", "0.25", "--batch_size", "256"])
+  out = capsys.readouterr().out
+  assert "R ≈ 562 rollouts per step, N ≈ 245" in out
+  assert "use N = 562" in out
+  # mu 1, rho 0.1, alpha 0.1: x* = 6.67 ≥ y* = 2.0, so N ≈ 853 ≥ max(R ≈ 128, B = 256)
+  theory.main(["--mu", "1", "--rho", "0.1", "--alpha", "0.1", "--batch_size", "256"])
+  out = capsys.readouterr().out
+  assert "R ≈ 128 rollouts per step, N ≈ 853" in out and "note:" not in out
+  with pytest.raises(SystemExit):  # rho outside (0, 1]: an argparse error, no traceback
+    theory.main(["--mu", "1", "--rho", "0", "--alpha", "0.1"])
