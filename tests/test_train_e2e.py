@@ -23,6 +23,11 @@ def small_config(workdir, cache_dir, **overrides):
   c.warmstart.cache_dir = str(cache_dir)
   c.log.progress = False
   c.log.tensorboard = False
+  return apply_overrides(c, overrides)
+
+
+def apply_overrides(c, overrides):
+  """Sets each ``"section.field": value`` of ``overrides`` on config ``c``; returns ``c``."""
   for k, v in overrides.items():
     node = c
     *path, last = k.split(".")

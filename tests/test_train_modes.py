@@ -13,17 +13,14 @@ from jaxreplay.config import ConfigError, validate
 from jaxreplay.train import loop as loop_lib
 from jaxreplay.train.loop import run
 from jaxreplay.train.metrics import read_metrics
+from test_train_e2e import _strip, apply_overrides, small_config  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMING = ("generate_s", "train_s", "eval_s")
 B, R, C = 32, 16, 64
 
 
 def tiny_config(workdir, cache_dir, **overrides):
-  from jaxreplay.config import load_config
-  c = load_config(os.path.join(ROOT, "configs", "small.py"))
-  c.workdir = str(workdir)
-  c.warmstart.cache_dir = str(cache_dir)
+  """configs/small.py shrunk to a 1-layer model and 6 steps (``test_train_e2e.small_config``)."""
+  c = small_config(workdir, cache_dir)
   c.warmstart.steps = 20
   c.task.train_size, c.task.heldout_size = 400, 64
   c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
@@ -34,24 +31,12 @@ def tiny_config(workdir, cache_dir, **overrides):
   c.eval.update(every=3, num_examples=8, samples_per_example=2)
   c.checkpoint.every = 3
   c.drift.update(every=3, num_samples=32)
-  c.log.progress = False
-  c.log.tensorboard = False
-  for k, v in overrides.items():
-    node = c
-    *path, last = k.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = v
-  return c
+  return apply_overrides(c, overrides)
 
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
   return tmp_path_factory.mktemp("tiny_base_policies")
-
-
-def _strip(records):
-  return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
 def _quiet(*_):
