@@ -3,7 +3,6 @@ threaded async (staleness, replay ratio held by the rate limiter, clean shutdown
 validation, and the compute ledger of a run adding up."""
 
 import json
-import os
 import threading
 
 import numpy as np
