@@ -350,7 +350,7 @@ def test_no_recompilation_across_steps():
     s2 = rb.add(s2, items, jnp.full(3, step, jnp.int32), jnp.int32(step))
     s2, _ = rb.sample(s2, jax.random.key(step), jnp.int32(step), jnp.int32(step))
   assert traces == {"add": 1, "sample": 1}
-  assert rb.add._cache_size() == 1 and rb.sample._cache_size() == 1
+  assert rb.add._cache_size() == 1 and rb.sample.jitted._cache_size() == 1
 
 
 def test_bundle_donates_state():

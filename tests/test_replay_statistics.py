@@ -83,31 +83,61 @@ def test_sampler_frequencies_match_stated_probabilities(name):
   _chi_square(np.bincount(idx.ravel(), minlength=C), probs, batch)
 
 
-@pytest.mark.parametrize("n_max", [None, 24], ids=["pairwise_dedup", "sorted_dedup"])
-@pytest.mark.parametrize("n,k", [(4, 3), (10, 3), (14, 3)],
-                         ids=["n_near_k_several_blocks", "n_le_4k", "n_gt_4k"])
-def test_distinct_ranks_gives_uniform_subsets(n, k, n_max):
-  """Every k-subset of {0..n−1} equally likely (a stronger test than slot frequencies)."""
-  reps = DRAWS
-  r = np.asarray(jax.jit(jax.vmap(lambda key: S.distinct_ranks(key, n, k, n_max)))(
-      jax.random.split(jax.random.key(7), reps)))
+@pytest.mark.parametrize("n,k", [(4, 3), (5, 3), (6, 2)])
+def test_distinct_ranks_gives_uniform_ordered_tuples(n, k):
+  """Every ordered k-tuple of distinct values of {0..n−1} equally likely: the subset is
+  uniform and so is its order (the trainer cuts batches into contiguous minibatches)."""
+  r = np.asarray(jax.jit(jax.vmap(lambda key: S.distinct_ranks(key, n, k)))(
+      jax.random.split(jax.random.key(7), DRAWS)))
   assert ((r >= 0) & (r < n)).all()
-  r = np.sort(r, axis=1)
-  assert (np.diff(r, axis=1) > 0).all()
-  subsets = {c: i for i, c in enumerate(itertools.combinations(range(n), k))}
-  counts = np.bincount([subsets[tuple(row)] for row in r.tolist()], minlength=len(subsets))
-  assert len(subsets) == math.comb(n, k)
+  assert all(len(set(row)) == k for row in r[:2000].tolist())
+  tuples = {t: i for i, t in enumerate(itertools.permutations(range(n), k))}
+  assert len(tuples) == math.perm(n, k)
+  counts = np.bincount([tuples[tuple(row)] for row in r.tolist()], minlength=len(tuples))
   p = scipy.stats.chisquare(counts).pvalue
   assert p > 1e-3, p
 
 
-def test_distinct_ranks_dedup_paths_agree():
-  """The sorted first-block dedup (static bound n_max) returns exactly the pairwise one."""
-  keys = jax.random.split(jax.random.key(3), 200)
-  for n, k in [(5, 4), (40, 16), (1000, 128), (100_000, 128)]:
-    draw = jax.jit(jax.vmap(lambda key, m: S.distinct_ranks(key, n, k, m), (0, None)),
-                   static_argnums=1)
-    np.testing.assert_array_equal(draw(keys, None), draw(keys, 100_000))
+def _fisher_yates_reference(r, n):
+  """Sequential partial Fisher–Yates on [0, max(n, k)) with the given swap targets r_i."""
+  a = list(range(max(n, len(r))))
+  out = []
+  for i, target in enumerate(r):
+    a[i], a[target] = a[target], a[i]
+    out.append(a[i] if a[i] < n else a[i] % n)
+  return out
+
+
+@pytest.mark.parametrize("k", [1, 7, 64, 600], ids=lambda k: f"k{k}")
+def test_distinct_ranks_equals_sequential_fisher_yates(k):
+  """The loop-free closed form returns exactly what the sequential shuffle does with the same
+  swap targets, for n from below k to far above it (k = 600 takes the sort-based path)."""
+  for seed, n in enumerate([max(1, k // 2), k, k + 1, 2 * k, 50 * k]):
+    key = jax.random.key(seed)
+    got = np.asarray(jax.jit(S.distinct_ranks, static_argnums=2)(key, n, k))
+    i = np.arange(k)
+    hi, lo = np.asarray(S.random_bits(key, (2, k)))
+    span = np.maximum(n - i, 1).astype(np.uint32)
+    mult = (np.uint32(2**16) % span) ** 2 % span  # uint32 arithmetic, wrapping as randint's
+    r = i + (((hi % span) * mult + lo % span) % span).astype(np.int64)  # uniform on [i, n)
+    assert list(got) == _fisher_yates_reference(r.tolist(), n), (k, n)
+    if n >= k:
+      assert len(set(got.tolist())) == k and got.max() < n
+    else:
+      assert sorted(got[:n].tolist()) == list(range(n))
+
+
+def test_previous_steps_paths_agree():
+  """The pairwise (k <= 512) and sort-based (k > 512) searches for earlier swaps agree."""
+  rng = np.random.default_rng(0)
+  for k, n in [(600, 600), (600, 700), (600, 5000), (1000, 1200)]:
+    i = np.arange(k)
+    r = (i + rng.integers(0, n - i)).tolist()
+    got = S._previous_steps(jnp.asarray(r, jnp.int32))
+    swap = [max([j for j in range(t) if r[j] == r[t]], default=-1) for t in range(k)]
+    fill = [max([j for j in range(t) if r[j] == t], default=-1) for t in range(k)]
+    np.testing.assert_array_equal(got[0], swap)
+    np.testing.assert_array_equal(got[1], fill)
 
 
 def test_chi_square_detects_a_wrong_distribution():

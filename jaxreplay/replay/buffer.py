@@ -9,7 +9,7 @@ only per-item rewards and advantages (taken from ``items.rewards`` / ``items.adv
 the items have them, or passed explicitly) for the positive-bias and priority samplers.
 
 Samplers (``SamplerConfig.sampler``; Arnal et al. 2026 §3.1, App. 8.5, 10.4):
-  uniform (default, no duplicates in a batch, O(B) work independent of C when the valid items
+  uniform (default, no duplicates in a batch, work independent of C when the valid items
   form one contiguous ring segment), recency, priority, positive_bias, fresh_first, and a
   group-preserving mode. Each returns with the batch the probabilities it used.
 
@@ -349,8 +349,8 @@ def _draw_uniform_family(state: BufferState, key: jax.Array, batch_size: int,
     n_f = fresh.sum(dtype=jnp.int32)
     n_u = used.sum(dtype=jnp.int32)
     k_f, k_u = jax.random.split(key)
-    slot_f = S.select_ranked(fresh, S.distinct_ranks(k_f, n_f, batch_size, c))
-    slot_u = S.select_ranked(used, S.distinct_ranks(k_u, n_u, batch_size, c))
+    slot_f = S.select_ranked(fresh, S.distinct_ranks(k_f, n_f, batch_size))
+    slot_u = S.select_ranked(used, S.distinct_ranks(k_u, n_u, batch_size))
     b = jnp.arange(batch_size, dtype=jnp.int32)
     idx = jnp.where(b < n_f, slot_f, slot_u[jnp.clip(b - n_f, 0, batch_size - 1)])
     bf = jnp.float32(batch_size)
@@ -362,7 +362,7 @@ def _draw_uniform_family(state: BufferState, key: jax.Array, batch_size: int,
   g = cfg.group_size
   k = batch_size // g
   draw = ((lambda key, n: S.uniform_ints(key, (k,), n))
-          if cfg.replace else (lambda key, n: S.distinct_ranks(key, n, k, c // g)))
+          if cfg.replace else (lambda key, n: S.distinct_ranks(key, n, k)))
 
   if cfg.sampler == "uniform" and g == 1:
     n = state.size
@@ -398,8 +398,8 @@ def sample(state: BufferState, key: jax.Array, batch_size: int, current_version:
   (``cfg.max_times_sampled``). Requires ``can_sample`` (enough eligible items); otherwise the
   batch may repeat items or, on an empty buffer, hold slot 0 with probability 0.
 
-  Cost: uniform without holes is O(B log B) work independent of C (``distinct_ranks``);
-  the other samplers, group mode and any eviction rule add O(C) elementwise work.
+  Cost: uniform without holes is O(B²) fused comparisons (B <= 512; O(B log B) above) and
+  O(B log B) pointer jumping, independent of C (``distinct_ranks``); the other samplers, group mode and any eviction rule add O(C) elementwise work.
 
   Args:
     state: buffer state.
@@ -443,9 +443,9 @@ def sample(state: BufferState, key: jax.Array, batch_size: int, current_version:
   # The updates are computed from `rows`, which makes XLA read them before it writes `meta`
   # in place (no copy of `meta`).
   if not cfg.replace and cfg.sampler not in ("recency", "priority"):  # distinct slots
-    used = jnp.stack([before + 1, jnp.full((batch_size,), step, jnp.int32)], axis=1)
-    meta = state.meta.at[idx, TIMES_SAMPLED:LAST_SAMPLED_STEP + 1].set(
-        used, unique_indices=True, mode="promise_in_bounds")
+    # Whole rows: XLA:CPU writes [B, 5] contiguous rows faster than a [B, 2] column window.
+    used = rows.at[:, TIMES_SAMPLED].add(1).at[:, LAST_SAMPLED_STEP].set(step)
+    meta = state.meta.at[idx].set(used, unique_indices=True, mode="promise_in_bounds")
   else:  # a slot drawn k times counts k uses; min(before, 0) is 0 (counts are >= 0)
     meta = state.meta.at[idx, TIMES_SAMPLED].add(jnp.minimum(before, 0) + 1,
                                                  mode="promise_in_bounds")
@@ -519,8 +519,9 @@ class ReplayBuffer(NamedTuple):
     init: ``(example_items) -> BufferState``.
     add: ``(state, items, policy_version, step, rewards=None, advantages=None) -> state``,
       jitted, state donated.
-    sample: ``(state, key, current_version, step) -> (state, SampleResult)``, jitted,
-      state donated.
+    sample: ``(state, key, current_version, step) -> (state, SampleResult)``: a jitted core
+      (``sample.jitted``) that takes and returns only what sampling changes (``meta``,
+      donated, and ``size``); the other leaves of the returned state are the input's.
     can_sample: ``(state, current_version=None) -> bool scalar``.
     probabilities: ``(state, current_version) -> [C] float32``, jitted.
     cfg: the ``SamplerConfig``.
@@ -548,13 +549,31 @@ def make_replay_buffer(capacity: int, batch_size: int,
     raise ValueError(f"buffer.capacity={capacity!r} is invalid: must be an int >= 1")
   cfg.validate_for(capacity, batch_size)
 
-  def sample_fn(state, key, current_version, step):
-    return sample(state, key, batch_size, current_version, step, cfg)
+  # `sample` changes only `meta` (use counters, eviction) and `size` (eviction): the jitted
+  # core takes those two apart from the read-only leaves and returns only them with the
+  # batch. Only `meta` is donated, and the unchanged leaves are not outputs at all: every
+  # output of a jitted call costs time on the host (a new buffer or an alias to hand back),
+  # about 2 µs per aliased leaf on this CPU, so returning the whole state cost more than
+  # the draw (issue 2; see the README's performance section).
+  def sample_core(meta, size, items, scores, write_index, total_inserted, key,
+                  current_version, step):
+    state = BufferState(items=items, meta=meta, scores=scores, write_index=write_index,
+                        size=size, total_inserted=total_inserted)
+    state, result = sample(state, key, batch_size, current_version, step, cfg)
+    return state.meta, state.size, result
 
+  core = jax.jit(sample_core, donate_argnums=0)
+
+  def sample_fn(state, key, current_version, step):
+    meta, n, result = core(state.meta, state.size, state.items, state.scores,
+                           state.write_index, state.total_inserted, key, current_version, step)
+    return dataclasses.replace(state, meta=meta, size=n), result
+
+  sample_fn.jitted = core  # the compiled function (e.g. for ``_cache_size()``)
   return ReplayBuffer(
       init=functools.partial(init, capacity=capacity),
       add=jax.jit(add, donate_argnums=0),
-      sample=jax.jit(sample_fn, donate_argnums=0),
+      sample=sample_fn,
       can_sample=functools.partial(can_sample, batch_size=batch_size, cfg=cfg),
       probabilities=jax.jit(functools.partial(probabilities, batch_size=batch_size, cfg=cfg)),
       cfg=cfg,

@@ -11,114 +11,122 @@ import jax.numpy as jnp
 from jax import lax
 
 
-def later_duplicates(r_k: jax.Array) -> jax.Array:
-  """[k] bool: True where ``r_k[j]`` equals some ``r_k[i]`` with i < j.
+def random_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """uint32 random bits of ``shape`` from XLA's native bit generator, seeded by ``key``.
 
-  Up to k = 512 it compares all pairs (one fused elementwise pass); on CPU that is several
-  times faster than the stable argsort used for larger k.
+  ``lax.rng_bit_generator`` (Threefry-2x32 algorithm) with the key's data as the Threefry key
+  and a zero counter. On CPU, ``jax.random.bits`` runs Threefry as a rolled ``while`` loop,
+  and control flow costs an XLA:CPU executable more than the draw itself; the native
+  generator compiles to straight-line code (issue 2: it is what lets ``sample`` match
+  flashbax's speed). Deterministic: the same key gives the same bits on a given backend and
+  XLA version (XLA does not promise the same stream across backends or versions, unlike
+  ``jax.random``; every draw of the buffer goes through here, so a run is reproducible with
+  its environment).
 
   Args:
-    r_k: [k] int32.
+    key: PRNG key whose data is 2 or 4 uint32 words (threefry or rbg keys; raw uint32[2]
+      keys work too).
+    shape: static output shape.
+
+  Returns:
+    uint32 array of ``shape``.
+
+  Raises:
+    ValueError: a key whose data is not 2 or 4 words.
   """
-  k = r_k.shape[0]
-  if k <= 512:
-    earlier = jnp.arange(k)[None, :] < jnp.arange(k)[:, None]  # [j, i]: i < j
-    return ((r_k[:, None] == r_k[None, :]) & earlier).any(axis=1)
-  order = jnp.argsort(r_k, stable=True)
-  s = r_k[order]
-  dup_sorted = jnp.concatenate([jnp.zeros((1,), bool), s[1:] == s[:-1]])
-  return jnp.zeros(r_k.shape, bool).at[order].set(dup_sorted)
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.key_data(key)
+  words = key.reshape(-1).astype(jnp.uint32)
+  if words.shape[0] == 2:
+    words = jnp.concatenate([words, jnp.zeros((2,), jnp.uint32)])
+  elif words.shape[0] != 4:
+    raise ValueError(f"random_bits needs a key of 2 or 4 uint32 words; got {key.shape}")
+  return lax.rng_bit_generator(words, tuple(shape), jnp.uint32,
+                               algorithm=lax.RandomAlgorithm.RNG_THREE_FRY)[1]
 
 
 def uniform_ints(key: jax.Array, shape: tuple[int, ...], n: jax.Array) -> jax.Array:
   """Integers uniform on [0, n), computed as ``jax.random.randint(key, shape, 0, n)`` does.
 
   randint combines two 32-bit words per value (``hi · 2^32 + lo`` reduced mod n with 32-bit
-  arithmetic) and draws them with three PRNG calls (a key split, then one call per word);
-  here one call draws both words. On CPU every PRNG call is a loop of its own, so this
-  saves two of them per batch. Same arithmetic, so the same (tested) distribution.
+  arithmetic, a bias below n / 2^64); the same arithmetic here, on words from
+  ``random_bits`` (one native generator call instead of randint's three Threefry loops).
 
   Args:
-    key: PRNG key. shape: static output shape. n: int32 scalar >= 1.
+    key: PRNG key. shape: static output shape.
+    n: int32 scalar or array broadcastable to ``shape``, each >= 1 (values < 1 act as 1).
 
   Returns:
     int32 array of ``shape``.
   """
-  hi, lo = jax.random.bits(key, (2,) + tuple(shape), jnp.uint32)
+  hi, lo = random_bits(key, (2,) + tuple(shape))
+  return _reduce_mod(hi, lo, n)
+
+
+def _reduce_mod(hi: jax.Array, lo: jax.Array, n: jax.Array) -> jax.Array:
   span = jnp.maximum(jnp.asarray(n, jnp.int32), 1).astype(jnp.uint32)
   multiplier = lax.rem(jnp.uint32(2**16), span)
   multiplier = lax.rem(multiplier * multiplier, span)  # 2^32 mod n
-  offset = lax.rem(lax.rem(hi, span) * multiplier + lax.rem(lo, span), span)
-  return offset.astype(jnp.int32)
+  return lax.rem(lax.rem(hi, span) * multiplier + lax.rem(lo, span), span).astype(jnp.int32)
 
 
-def distinct_ranks(key: jax.Array, n: jax.Array, k: int, n_max: int | None = None) -> jax.Array:
-  """A uniformly random k-subset of {0, …, n−1}, in random order, in O(k log k) expected work.
+def distinct_ranks(key: jax.Array, n: jax.Array, k: int) -> jax.Array:
+  """A uniformly random ordered k-subset of {0, …, n−1}: k steps of Fisher–Yates, in parallel.
 
-  The subset is the first k distinct values of a stream of i.i.d. uniform draws on
-  [0, n), read in blocks of 2k. Keeping the first k distinct values of an i.i.d. stream is
-  sequential sampling without replacement, so the subset is uniform and its order random.
-  When n > 4k the first block holds k distinct values with overwhelming probability (about
-  1.57k are expected), so the loop that reads further blocks almost never runs; smaller n
-  (a nearly empty buffer) takes a few blocks (coupon collecting, at most ~H_k / 2 expected).
-  Nothing here is proportional to the buffer's capacity: this is what keeps uniform sampling
-  flat in C (issue 2 performance target). No ``lax.cond`` either: on CPU a conditional runs
-  its branch through a nested executor, which cost more than the draw itself.
+  Partial Fisher–Yates shuffle of the virtual array a = [0, 1, …, n−1] (Knuth, TAOCP vol. 2,
+  Algorithm 3.4.2 P): step i swaps a[i] with a[r_i], r_i uniform on [i, n), and outputs the
+  new a[i]. Every ordered k-tuple of distinct values is equally likely. The k swaps are
+  sequential, but their result has a closed form that needs no loop: position r_i holds,
+  before step i, either r_i (never touched) or the value that step A_i = max{j < i: r_j = r_i}
+  moved there, which is the value position A_i held before its own step; that in turn is
+  A_i itself or, if an earlier step L = max{j' < A_i: r_j' = A_i} moved a value into A_i,
+  the value position L held before step L, and so on. Those "held before step j" values
+  follow pointers j → L_j < j, so ⌈log2 k⌉ rounds of pointer jumping resolve every chain.
 
-  With a static bound ``n_max`` on n such that 4k · n_max <= 2^32, the first block is
-  deduplicated with two single-key sorts of packed (value, position) words (cheapest on
-  CPU); the result is the same.
+  Work: O(k²) fused comparisons for k <= 512 (one elementwise pass; faster than sorting on
+  CPU), else one O(k log k) sort; O(k log k) pointer jumping; nothing proportional to the
+  buffer's capacity, no loop and no conditional (control flow costs an XLA:CPU executable
+  more than the draw). This is what keeps uniform sampling flat in C (issue 2).
 
   Args:
     key: PRNG key. n: int32 scalar, population size. k: static number of draws.
-    n_max: optional static upper bound on n (e.g. the buffer's capacity).
 
   Returns:
     [k] int32 in [0, max(n, 1)). Distinct when n >= k; when n < k the first n entries are
-    a permutation of {0, …, n−1} and the rest repeat values (callers check ``can_sample``).
+    a permutation of {0, …, n−1} and entry i >= n is i mod n (callers check ``can_sample``).
   """
   n = jnp.maximum(jnp.asarray(n, jnp.int32), 1)
-  wanted = jnp.minimum(n, k)
-  m = 2 * k
-
-  def read_block(block_key, r, count):  # append the 2k draws not seen before, in order
-    block = uniform_ints(block_key, (2 * k,), n)
-    if r is None:  # first block: nothing seen yet
-      r, new = jnp.zeros((k,), jnp.int32), ~later_duplicates(block)
-    else:  # unfilled picks hold distinct negative placeholders, which match no draw
-      seen = jnp.where(jnp.arange(k) < count, r, -1 - jnp.arange(k, dtype=jnp.int32))
-      new = ~later_duplicates(jnp.concatenate([seen, block]))[k:]
-    pos = count + jnp.cumsum(new, dtype=jnp.int32) - 1
-    r = r.at[jnp.where(new, pos, k)].set(block, mode="drop")  # slots >= k are dropped
-    return r, jnp.minimum(count + new.sum(dtype=jnp.int32), k)
-
-  def next_block(carry):
-    i, r, count = carry
-    return (i + 1, *read_block(jax.random.fold_in(key, i), r, count))
-
-  if n_max is not None and 2 * m * max(n_max, 1) <= 2**32:
-    r, count = _first_distinct_sorted(uniform_ints(key, (m,), n), k, max(n_max, 1))
-  else:
-    r, count = read_block(key, None, jnp.int32(0))
-  return lax.while_loop(lambda c: c[2] < wanted, next_block, (jnp.int32(1), r, count))[1]
+  i = jnp.arange(k, dtype=jnp.int32)
+  hi, lo = random_bits(key, (2, k))
+  r = i + _reduce_mod(hi, lo, n - i)  # r_i uniform on [i, n) (r_i = i once i >= n)
+  last_swap, last_fill = _previous_steps(r)
+  ptr = jnp.where(last_fill >= 0, last_fill, i)  # value held before step j: that of L_j, or j
+  for _ in range(max(1, (k - 1).bit_length())):
+    ptr = ptr[ptr]
+  out = jnp.where(last_swap >= 0, ptr[jnp.maximum(last_swap, 0)], r)
+  return jnp.where(out < n, out, out % n)
 
 
-def _first_distinct_sorted(block_m: jax.Array, k: int, n_max: int) -> tuple[jax.Array, jax.Array]:
-  """(first min(k, D) distinct values of ``block_m`` in stream order, padded; min(D, k)).
-
-  Sort 1 orders (value, position) words, so each value's first occurrence leads its run;
-  sort 2 orders (is-repeat, position, value) words, so first occurrences come first, by
-  position. Needs 2m · n_max <= 2^32 (m = len(block_m), values < n_max).
-  """
-  m = block_m.shape[0]
-  pos = jnp.arange(m, dtype=jnp.uint32)
-  by_value = jnp.sort(block_m.astype(jnp.uint32) * jnp.uint32(m) + pos)
-  value, position = by_value // jnp.uint32(m), by_value % jnp.uint32(m)
-  repeat = jnp.concatenate([jnp.zeros((1,), bool), value[1:] == value[:-1]])
-  by_position = jnp.sort((repeat.astype(jnp.uint32) * jnp.uint32(m) + position)
-                         * jnp.uint32(n_max) + value)[:k]
-  distinct = m - repeat.sum(dtype=jnp.int32)
-  return (by_position % jnp.uint32(n_max)).astype(jnp.int32), jnp.minimum(distinct, k)
+def _previous_steps(r: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """([k] A, [k] L) int32: A_i = max{j < i: r_j = r_i}, L_i = max{j < i: r_j = i}; −1 if none."""
+  k = r.shape[0]
+  i = jnp.arange(k, dtype=jnp.int32)
+  if k <= 512:
+    # One [2, k, k] reduction for both searches (one pass instead of two on XLA:CPU).
+    earlier = i[None, None, :] < i[None, :, None]  # [·, row, col]: col < row
+    hit = r[None, None, :] == jnp.stack([r, i])[:, :, None]
+    found = jnp.where(hit & earlier, i[None, None, :], -1).max(axis=2)
+    return found[0], found[1]
+  r_s, i_s = lax.sort((r, i), num_keys=2)  # by value, then step
+  same = jnp.concatenate([jnp.zeros((1,), bool), r_s[1:] == r_s[:-1]])
+  prev = jnp.where(same, jnp.roll(i_s, 1), -1)
+  last_swap = jnp.zeros((k,), jnp.int32).at[i_s].set(prev, unique_indices=True)
+  # L_i: the last entry of value i's run, or the one before it when that is step i itself
+  # (r_j >= j, so an entry (i, j) has j <= i).
+  q = jnp.searchsorted(r_s, i, side="right").astype(jnp.int32) - 1
+  q = jnp.where((q >= 0) & (i_s[jnp.maximum(q, 0)] == i), q - 1, q)
+  q_ok = (q >= 0) & (r_s[jnp.maximum(q, 0)] == i)
+  return last_swap, jnp.where(q_ok, i_s[jnp.maximum(q, 0)], -1)
 
 
 def prefix_search(cumsum_c: jax.Array, u_k: jax.Array) -> jax.Array:
