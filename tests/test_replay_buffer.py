@@ -342,7 +342,7 @@ def test_no_recompilation_across_steps():
     return s, r.items["id"].sum()
 
   rb = replay.make_replay_buffer(10, 4)
-  s, s2 = replay.init(_items(1), 10), rb.init(_items(1))
+  s, s2 = replay.init(_items(1), 10, evicts=cfg.evicts), rb.init(_items(1))
   for step in range(7):  # wraps around at step 3
     items = _items(3, start=3 * step)
     s = add(s, items, jnp.full(3, step, jnp.int32), jnp.int32(step))
@@ -351,6 +351,35 @@ def test_no_recompilation_across_steps():
     s2, _ = rb.sample(s2, jax.random.key(step), jnp.int32(step), jnp.int32(step))
   assert traces == {"add": 1, "sample": 1}
   assert rb.add._cache_size() == 1 and rb.sample.jitted._cache_size() == 1
+
+
+def test_eviction_marks_the_state_and_uniform_sampling_skips_the_holes():
+  """A state evicted outside ``sample`` (rule in another config, or ``replace(valid=)``) is
+  marked ``may_have_holes``; the default uniform sampler then draws only live items. The
+  mark is static, so it changes a jitted caller's compiled version exactly once."""
+  traces = []
+
+  @jax.jit
+  def draw(s, key):
+    traces.append(1)
+    return replay.sample(s, key, 4, 5, 5)
+
+  versions = jnp.array([5, 5, 0, 0, 5, 5, 5, 5], jnp.int32)  # stale items mid-ring
+  s = replay.add(replay.init(_items(1), 8), _items(8), versions, 0)
+  assert not s.may_have_holes
+  s, _ = draw(s, jax.random.key(0))
+  s = replay.evict(s, jnp.int32(5), SamplerConfig(max_staleness=1))  # drops slots 2 and 3
+  assert s.may_have_holes and int(s.size) == 6
+  seen = set()
+  for i in range(1, 30):
+    s, r = draw(s, jax.random.key(i))
+    seen.update(np.asarray(r.indices).tolist())
+  # Ranks mapped as if the 6 live items were the 6 written last would give slots 2..7.
+  assert seen == {0, 1, 4, 5, 6, 7} and len(traces) == 2
+  assert replay.init(_items(1), 8, evicts=True).may_have_holes
+  assert s.replace(valid=s.valid).may_have_holes
+  fresh = replay.add(replay.init(_items(1), 8), _items(8), jnp.zeros(8, jnp.int32), 0)
+  assert fresh.replace(valid=fresh.valid.at[0].set(False)).may_have_holes
 
 
 def test_bundle_donates_state():
@@ -382,7 +411,7 @@ def test_compiled_add_and_sample_make_no_capacity_sized_copy(cfg):
       s, jax.random.key(0)).compile().as_text()
   hlo_type = {"int32": "s32", "float32": "f32", "bool": "pred"}
   state_shapes = {hlo_type[x.dtype.name] + str(list(x.shape)).replace(" ", "")
-                  for x in jax.tree.leaves(s) if x.ndim}  # e.g. "s32[1000,5]"
+                  for x in jax.tree.leaves(s) if x.ndim and x.shape[0] == c}  # "s32[1000,5]"
   for text in (add, sample):
     copies = [l for l in text.splitlines()
               if " copy(" in l and l.split("=")[1].split("{")[0].strip() in state_shapes]

@@ -45,6 +45,7 @@ DEFAULT_CONFIG = SamplerConfig()
 # arrays to donate per call (issue 2 performance; see the README's performance section).
 POLICY_VERSION, INSERT_STEP, TIMES_SAMPLED, LAST_SAMPLED_STEP, VALID = range(5)
 REWARD, ADVANTAGE = range(2)
+WRITE_INDEX, SIZE, TOTAL_INSERTED = range(3)  # columns of ``BufferState.counters`` ([3] int32)
 _META_COLUMNS = {"policy_version": POLICY_VERSION, "insert_step": INSERT_STEP,
                  "times_sampled": TIMES_SAMPLED, "last_sampled_step": LAST_SAMPLED_STEP,
                  "valid": VALID}
@@ -61,9 +62,14 @@ class BufferState:
       ``TIMES_SAMPLED``, ``LAST_SAMPLED_STEP``, ``VALID`` (0 / 1); read them through the
       properties below.
     scores: [C, 2] float32, columns ``REWARD``, ``ADVANTAGE``.
-    write_index: int32 scalar, next slot to write (the oldest written slot once full).
-    size: int32 scalar, number of valid slots.
-    total_inserted: int32 scalar, items ever added.
+    counters: [3] int32, ``WRITE_INDEX``, ``SIZE``, ``TOTAL_INSERTED`` (read them through
+      the properties below; one array, not three scalars, because every array a jitted
+      ``add`` returns costs host time).
+    may_have_holes: static bool (not a leaf). False while no item has been evicted, so the
+      valid slots are exactly the ``size`` written last and the uniform sampler maps ranks
+      to slots with no check (no conditional in the compiled code, which costs XLA:CPU
+      time). ``evict`` with a rule and ``replace(valid=...)`` set it; ``init(evicts=True)``
+      sets it from the start so that jitted callers never see the structure change.
 
   Properties (views of ``meta`` / ``scores``; ``replace`` accepts them as keywords too):
     policy_version: [C] int32, version that generated each item.
@@ -78,35 +84,54 @@ class BufferState:
   items: Any
   meta: jax.Array
   scores: jax.Array
-  write_index: jax.Array
-  size: jax.Array
-  total_inserted: jax.Array
+  counters: jax.Array
+  may_have_holes: bool = flax.struct.field(pytree_node=False, default=False)
 
   @property
   def capacity(self) -> int:
     """C (static)."""
     return self.meta.shape[0]
 
-  policy_version = property(lambda self: self.meta[:, POLICY_VERSION])
-  insert_step = property(lambda self: self.meta[:, INSERT_STEP])
-  times_sampled = property(lambda self: self.meta[:, TIMES_SAMPLED])
-  last_sampled_step = property(lambda self: self.meta[:, LAST_SAMPLED_STEP])
-  valid = property(lambda self: self.meta[:, VALID] != 0)
-  reward = property(lambda self: self.scores[:, REWARD])
-  advantage = property(lambda self: self.scores[:, ADVANTAGE])
+  policy_version = property(lambda self: self.meta[..., POLICY_VERSION])
+  insert_step = property(lambda self: self.meta[..., INSERT_STEP])
+  times_sampled = property(lambda self: self.meta[..., TIMES_SAMPLED])
+  last_sampled_step = property(lambda self: self.meta[..., LAST_SAMPLED_STEP])
+  valid = property(lambda self: self.meta[..., VALID] != 0)
+  reward = property(lambda self: self.scores[..., REWARD])
+  advantage = property(lambda self: self.scores[..., ADVANTAGE])
+  write_index = property(lambda self: self.counters[..., WRITE_INDEX])
+  size = property(lambda self: self.counters[..., SIZE])
+  total_inserted = property(lambda self: self.counters[..., TOTAL_INSERTED])
 
 
 def _replace(self: BufferState, **updates) -> BufferState:
-  """``dataclasses.replace`` that also takes the per-slot column names (e.g. ``valid=``)."""
+  """``dataclasses.replace`` that also takes the per-slot column names (e.g. ``valid=``).
+
+  Replacing ``valid`` marks the state ``may_have_holes``.
+  """
+  if "valid" in updates:
+    updates["may_have_holes"] = True
   meta, scores = updates.pop("meta", self.meta), updates.pop("scores", self.scores)
+  counters = updates.pop("counters", self.counters)
+  names = ("write_index", "size", "total_inserted")
+  if any(k in updates for k in names):
+    counters = jnp.stack([jnp.asarray(updates.pop(k, self.counters[i]), jnp.int32).reshape(())
+                          for i, k in enumerate(names)])
   for name in [k for k in updates if k in _META_COLUMNS]:
     meta = meta.at[:, _META_COLUMNS[name]].set(jnp.asarray(updates.pop(name), jnp.int32))
   for name in [k for k in updates if k in _SCORE_COLUMNS]:
     scores = scores.at[:, _SCORE_COLUMNS[name]].set(jnp.asarray(updates.pop(name), jnp.float32))
-  return dataclasses.replace(self, meta=meta, scores=scores, **updates)
+  return dataclasses.replace(self, meta=meta, scores=scores, counters=counters, **updates)
 
 
 BufferState.replace = _replace
+
+
+# Columns of ``SampleResult.per_item`` ([B, 4] int32) and ``SampleResult.sampling``
+# ([B, 2] float32): packed like ``BufferState.meta`` because every array a jitted ``sample``
+# returns to the host costs time there (issue 2; README performance section).
+INDEX, STALENESS, TIMES_SAMPLED_BEFORE, STEPS_SINCE_LAST_USE = range(4)
+PROB, WEIGHT = range(2)
 
 
 @flax.struct.dataclass
@@ -115,6 +140,11 @@ class SampleResult:
 
   Attributes:
     items: pytree with leaves [B, ...].
+    per_item: [B, 4] int32, columns ``INDEX``, ``STALENESS``, ``TIMES_SAMPLED_BEFORE``,
+      ``STEPS_SINCE_LAST_USE``; read them through the properties below.
+    sampling: [B, 2] float32, columns ``PROB``, ``WEIGHT``.
+
+  Properties (views of ``per_item`` / ``sampling``):
     indices: [B] int32 slots.
     probs: [B] float32, marginal probability that one batch position holds this slot, so it
       sums to 1 over the valid slots (with replacement: the per-draw probability P(i);
@@ -127,20 +157,27 @@ class SampleResult:
   """
 
   items: Any
-  indices: jax.Array
-  probs: jax.Array
-  weights: jax.Array
-  staleness: jax.Array
-  times_sampled_before: jax.Array
-  steps_since_last_use: jax.Array
+  per_item: jax.Array
+  sampling: jax.Array
+
+  indices = property(lambda self: self.per_item[..., INDEX])
+  staleness = property(lambda self: self.per_item[..., STALENESS])
+  times_sampled_before = property(lambda self: self.per_item[..., TIMES_SAMPLED_BEFORE])
+  steps_since_last_use = property(lambda self: self.per_item[..., STEPS_SINCE_LAST_USE])
+  probs = property(lambda self: self.sampling[..., PROB])
+  weights = property(lambda self: self.sampling[..., WEIGHT])
 
 
-def init(example_items: Any, capacity: int) -> BufferState:
+def init(example_items: Any, capacity: int, *, evicts: bool = False) -> BufferState:
   """An empty buffer shaped like ``example_items``.
 
   Args:
     example_items: pytree with leaves [N, ...] (N is ignored; dtypes and trailing shapes kept).
     capacity: C >= 1.
+    evicts: the buffer will lose items other than by overwriting (a ``SamplerConfig`` with
+      ``max_staleness`` or ``max_times_sampled``, i.e. ``cfg.evicts``, or direct ``evict``
+      calls). Sets ``may_have_holes`` now; without it the first eviction sets it, which
+      changes the state's static structure, so a jitted function retraces once.
 
   Raises:
     ValueError: ``capacity`` < 1.
@@ -152,8 +189,7 @@ def init(example_items: Any, capacity: int) -> BufferState:
   meta = jnp.zeros((capacity, len(_META_COLUMNS)), jnp.int32).at[:, LAST_SAMPLED_STEP].set(-1)
   return BufferState(items=items, meta=meta,
                      scores=jnp.zeros((capacity, len(_SCORE_COLUMNS)), jnp.float32),
-                     write_index=jnp.array(0, jnp.int32), size=jnp.array(0, jnp.int32),
-                     total_inserted=jnp.array(0, jnp.int32))
+                     counters=jnp.zeros((3,), jnp.int32), may_have_holes=bool(evicts))
 
 
 def _per_item(values, items, field: str, n: int) -> jax.Array:
@@ -369,10 +405,14 @@ def _draw_uniform_family(state: BufferState, key: jax.Array, batch_size: int,
     rank = draw(key, n)
 
     def contiguous(rank):  # O(B): the valid slots are the last `size` written, no holes
-      return ((state.write_index - n + rank) % c).astype(jnp.int32)
+      # write_index - n >= -C, so adding C makes lax.rem a modulo (no sign fix-ups).
+      return lax.rem(state.write_index - n + rank + c, jnp.int32(c))
 
-    idx = lax.cond(_is_contiguous(state), contiguous,
-                   lambda rank: S.select_ranked(state.valid, rank), rank)
+    if state.may_have_holes:  # static: an eviction happened (or may have)
+      idx = lax.cond(_is_contiguous(state), contiguous,
+                     lambda rank: S.select_ranked(state.valid, rank), rank)
+    else:
+      idx = contiguous(rank)
   else:
     eligible = _eligible(state, cfg)
     if g > 1:
@@ -433,18 +473,18 @@ def sample(state: BufferState, key: jax.Array, batch_size: int, current_version:
   before, last = rows[:, TIMES_SAMPLED], rows[:, LAST_SAMPLED_STEP]
   result = SampleResult(
       items=jax.tree.map(get, state.items),
-      indices=idx,
-      probs=probs,
-      weights=weights,
-      staleness=(current_version - rows[:, POLICY_VERSION]).astype(jnp.int32),
-      times_sampled_before=before,
-      steps_since_last_use=jnp.where(last < 0, -1, step - last).astype(jnp.int32),
+      per_item=jnp.stack([  # column order INDEX, STALENESS, TIMES_SAMPLED_BEFORE, STEPS_...
+          idx, (current_version - rows[:, POLICY_VERSION]).astype(jnp.int32), before,
+          jnp.where(last < 0, -1, step - last).astype(jnp.int32)], axis=1),
+      sampling=jnp.stack([probs, weights.astype(jnp.float32)], axis=1),  # PROB, WEIGHT
   )
   # The updates are computed from `rows`, which makes XLA read them before it writes `meta`
   # in place (no copy of `meta`).
   if not cfg.replace and cfg.sampler not in ("recency", "priority"):  # distinct slots
     # Whole rows: XLA:CPU writes [B, 5] contiguous rows faster than a [B, 2] column window.
-    used = rows.at[:, TIMES_SAMPLED].add(1).at[:, LAST_SAMPLED_STEP].set(step)
+    column = jnp.arange(rows.shape[1], dtype=jnp.int32)[None, :]
+    used = jnp.where(column == TIMES_SAMPLED, rows + 1,
+                     jnp.where(column == LAST_SAMPLED_STEP, step, rows))  # one fusion
     meta = state.meta.at[idx].set(used, unique_indices=True, mode="promise_in_bounds")
   else:  # a slot drawn k times counts k uses; min(before, 0) is 0 (counts are >= 0)
     meta = state.meta.at[idx, TIMES_SAMPLED].add(jnp.minimum(before, 0) + 1,
@@ -490,7 +530,7 @@ def size(state: BufferState) -> jax.Array:
 
 
 def state_sharding(state: BufferState, mesh: jax.sharding.Mesh, axis: str = "data") -> Any:
-  """A pytree of ``NamedSharding`` for ``state``: [C, ...] leaves split on C, scalars replicated.
+  """A pytree of ``NamedSharding`` for ``state``: [C, ...] leaves split on C, counters replicated.
 
   Use for ``jax.device_put``, ``jit(out_shardings=...)`` or an Orbax restore target.
 
@@ -504,7 +544,8 @@ def state_sharding(state: BufferState, mesh: jax.sharding.Mesh, axis: str = "dat
   P = jax.sharding.PartitionSpec
   split = jax.sharding.NamedSharding(mesh, P(axis))
   rep = jax.sharding.NamedSharding(mesh, P())
-  return jax.tree.map(lambda x: split if x.ndim >= 1 and x.shape[0] == c else rep, state)
+  return dataclasses.replace(state, items=jax.tree.map(lambda _: split, state.items),
+                             meta=split, scores=split, counters=rep)
 
 
 def shard(state: BufferState, mesh: jax.sharding.Mesh, axis: str = "data") -> BufferState:
@@ -516,12 +557,12 @@ class ReplayBuffer(NamedTuple):
   """Jitted, state-donating buffer functions for one capacity, batch size and config.
 
   Attributes:
-    init: ``(example_items) -> BufferState``.
+    init: ``(example_items) -> BufferState`` (``evicts`` set from the config).
     add: ``(state, items, policy_version, step, rewards=None, advantages=None) -> state``,
       jitted, state donated.
     sample: ``(state, key, current_version, step) -> (state, SampleResult)``: a jitted core
       (``sample.jitted``) that takes and returns only what sampling changes (``meta``,
-      donated, and ``size``); the other leaves of the returned state are the input's.
+      donated, and ``counters``); the other leaves of the returned state are the input's.
     can_sample: ``(state, current_version=None) -> bool scalar``.
     probabilities: ``(state, current_version) -> [C] float32``, jitted.
     cfg: the ``SamplerConfig``.
@@ -549,29 +590,30 @@ def make_replay_buffer(capacity: int, batch_size: int,
     raise ValueError(f"buffer.capacity={capacity!r} is invalid: must be an int >= 1")
   cfg.validate_for(capacity, batch_size)
 
-  # `sample` changes only `meta` (use counters, eviction) and `size` (eviction): the jitted
-  # core takes those two apart from the read-only leaves and returns only them with the
-  # batch. Only `meta` is donated, and the unchanged leaves are not outputs at all: every
-  # output of a jitted call costs time on the host (a new buffer or an alias to hand back),
-  # about 2 µs per aliased leaf on this CPU, so returning the whole state cost more than
-  # the draw (issue 2; see the README's performance section).
-  def sample_core(meta, size, items, scores, write_index, total_inserted, key,
-                  current_version, step):
-    state = BufferState(items=items, meta=meta, scores=scores, write_index=write_index,
-                        size=size, total_inserted=total_inserted)
+  # `sample` changes only `meta` (use counters, eviction) and `counters` (size, on
+  # eviction): the jitted core takes those two apart from the read-only leaves and returns
+  # only them with the batch. Only `meta` is donated, and the unchanged leaves are not
+  # outputs at all: every output of a jitted call costs time on the host (a new buffer or
+  # an alias to hand back), which on CPU rivals the draw itself (issue 2; README
+  # performance section).
+  def sample_core(meta, counters, items, scores, key, current_version, step, may_have_holes):
+    state = BufferState(items=items, meta=meta, scores=scores, counters=counters,
+                        may_have_holes=may_have_holes)
     state, result = sample(state, key, batch_size, current_version, step, cfg)
-    return state.meta, state.size, result
+    return state.meta, state.counters, result
 
-  core = jax.jit(sample_core, donate_argnums=0)
+  core = jax.jit(sample_core, donate_argnums=0, static_argnames="may_have_holes")
 
   def sample_fn(state, key, current_version, step):
-    meta, n, result = core(state.meta, state.size, state.items, state.scores,
-                           state.write_index, state.total_inserted, key, current_version, step)
-    return dataclasses.replace(state, meta=meta, size=n), result
+    meta, counters, result = core(state.meta, state.counters, state.items, state.scores, key,
+                                  current_version, step, may_have_holes=state.may_have_holes)
+    # `sample` evicts (and so marks the state) exactly when the config has a rule.
+    return dataclasses.replace(state, meta=meta, counters=counters,
+                               may_have_holes=state.may_have_holes or cfg.evicts), result
 
   sample_fn.jitted = core  # the compiled function (e.g. for ``_cache_size()``)
   return ReplayBuffer(
-      init=functools.partial(init, capacity=capacity),
+      init=functools.partial(init, capacity=capacity, evicts=cfg.evicts),
       add=jax.jit(add, donate_argnums=0),
       sample=sample_fn,
       can_sample=functools.partial(can_sample, batch_size=batch_size, cfg=cfg),
