@@ -258,14 +258,23 @@ def test_sharded_generation_matches_one_device(policy, sampled):
   assert spec_for("blocks/0/attn/q/bias", (3,), mesh8) == PS(None)
 
 
+@pytest.fixture(scope="module")
+def full_softmax_step(policy):
+  """(optimizer, spec, train step without truncation): compiled once for the cases below."""
+  import optax
+  from jaxreplay.rl.update import AlgoSpec, make_train_step
+  opt, spec = optax.sgd(0.0), AlgoSpec()
+  return opt, spec, make_train_step(policy[0], opt, spec, TEMP)
+
+
 @pytest.mark.parametrize("top_k,top_p", [(12, 1.0), (0, 0.8), (12, 0.8)])
-def test_train_step_ratio_is_one_under_truncation(policy, top_k, top_p):
+def test_train_step_ratio_is_one_under_truncation(policy, full_softmax_step, top_k, top_p):
   """The learner recomputes log-probs through the sampler's top-k/top-p: at the sampling
   parameters every importance ratio is 1 (the full softmax would give the kept mass S)."""
-  import optax
-  from jaxreplay.rl.update import AlgoSpec, init_train_state, make_train_step
+  from jaxreplay.rl.update import init_train_state, make_train_step
   from jaxreplay.rollout import Rollout
   graphdef, params = policy
+  opt, spec, step_full = full_softmax_step
   toks, mask = left_pad(PROMPTS, P_WIDTH)
   g = generate(graphdef, params, toks, mask, jax.random.key(5), max_new_tokens=M,
                temperature=TEMP, top_k=top_k, top_p=top_p, eos_ids=STOPS, pad_id=PAD)
@@ -288,15 +297,12 @@ def test_train_step_ratio_is_one_under_truncation(policy, top_k, top_p):
                   rewards=jnp.zeros((n,)), advantages=jnp.linspace(-1.0, 1.0, n),
                   group_id=jnp.zeros((n,), jnp.int32), policy_version=jnp.zeros((n,), jnp.int32),
                   truncated=g.truncated)
-  opt = optax.sgd(0.0)
-  spec = AlgoSpec()
   step = make_train_step(graphdef, opt, spec, TEMP, top_k, top_p)
   state = init_train_state(graphdef, jax.tree.map(jnp.copy, params), opt, spec)
   _, metrics = step(state, batch, jnp.ones((n,)))
   assert float(metrics["clip_frac"]) == 0.0
   assert float(metrics["skipped_update"]) == 0.0
   # Without the truncation the same batch has ratios S < 1: some tokens get clipped.
-  step_full = make_train_step(graphdef, opt, spec, TEMP)
   state = init_train_state(graphdef, jax.tree.map(jnp.copy, params), opt, spec)
   _, m_full = step_full(state, batch, jnp.ones((n,)))
   assert float(m_full["ratio_mean"]) < float(metrics["ratio_mean"])

@@ -81,12 +81,12 @@ def test_base_policy_is_cached_and_reused(rl_run, cache_dir, tmp_path):
 
 
 def test_same_seed_same_metrics_and_exact_resume(cache_dir, tmp_path):
-  """Same config + seed twice gives identical metrics; n + resume + n equals 2n straight."""
+  """Same config + seed gives identical metrics: a run stopped after n steps and resumed
+  to 2n equals the straight 2n run, every metric but wall times (which needs both the
+  determinism of a fresh start and an exact resume)."""
   kw = {"train.steps": 6, "eval.every": 3, "checkpoint.every": 3, "algo.warmup_steps": 2}
   run(small_config(tmp_path / "a", cache_dir, **kw), log=lambda *_: None)
-  run(small_config(tmp_path / "b", cache_dir, **kw), log=lambda *_: None)
-  a, b = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
-  assert _strip(a) == _strip(b)
+  a = read_metrics(tmp_path / "a")
   # interrupted run: 3 steps, then the same command with 6 steps resumes at 3
   run(small_config(tmp_path / "c", cache_dir, **{**kw, "train.steps": 3}), log=lambda *_: None)
   logs = []
