@@ -365,7 +365,7 @@ def test_eviction_marks_the_state_and_uniform_sampling_skips_the_holes():
     return replay.sample(s, key, 4, 5, 5)
 
   versions = jnp.array([5, 5, 0, 0, 5, 5, 5, 5], jnp.int32)  # stale items mid-ring
-  s = replay.add(replay.init(_items(1), 8), _items(8), versions, 0)
+  s = replay.add(replay.init(_items(1), 8, evicts=False), _items(8), versions, 0)
   assert not s.may_have_holes
   s, _ = draw(s, jax.random.key(0))
   s = replay.evict(s, jnp.int32(5), SamplerConfig(max_staleness=1))  # drops slots 2 and 3
@@ -376,10 +376,63 @@ def test_eviction_marks_the_state_and_uniform_sampling_skips_the_holes():
     seen.update(np.asarray(r.indices).tolist())
   # Ranks mapped as if the 6 live items were the 6 written last would give slots 2..7.
   assert seen == {0, 1, 4, 5, 6, 7} and len(traces) == 2
-  assert replay.init(_items(1), 8, evicts=True).may_have_holes
-  assert s.replace(valid=s.valid).may_have_holes
-  fresh = replay.add(replay.init(_items(1), 8), _items(8), jnp.zeros(8, jnp.int32), 0)
+  assert replay.init(_items(1), 8).may_have_holes  # the safe default
+  fresh = replay.add(replay.init(_items(1), 8, evicts=False), _items(8),
+                     jnp.zeros(8, jnp.int32), 0)
   assert fresh.replace(valid=fresh.valid.at[0].set(False)).may_have_holes
+  # a hole poked into `meta` directly is seen too
+  poked = fresh.replace(meta=fresh.meta.at[2:4, 4].set(0), size=6)  # column 4 = VALID
+  assert poked.may_have_holes
+  r = jax.jit(jax.vmap(lambda k: replay.sample(poked, k, 4, 0, 0)[1]))(
+      jax.random.split(jax.random.key(1), 50))
+  assert not np.isin(np.asarray(r.indices), [2, 3]).any()
+
+
+def test_default_state_keeps_its_structure_through_evicting_samples_in_scan():
+  """With the default ``init`` an evicting config does not change the state's structure, so
+  the state can be a ``lax.scan`` carry."""
+  cfg = SamplerConfig(max_staleness=3, max_times_sampled=2)
+  s = replay.add(replay.init(_items(1), 8), _items(8), jnp.arange(8, dtype=jnp.int32), 0)
+
+  def body(s, key):
+    s, r = replay.sample(s, key, 2, 8, 8, cfg)
+    return s, r.indices
+
+  s, idx = jax.lax.scan(body, s, jax.random.split(jax.random.key(0), 2))
+  idx = np.asarray(idx)
+  assert np.isin(idx, [5, 6, 7]).all()  # versions >= 8 - 3
+  assert all(len(set(row)) == 2 for row in idx.tolist())
+  used_twice = [slot for slot in (5, 6, 7) if (idx == slot).sum() == 2]  # evicted at 2 uses
+  assert int(s.size) == 3 - len(used_twice) and s.may_have_holes
+  np.testing.assert_array_equal(np.flatnonzero(s.valid), sorted({5, 6, 7} - set(used_twice)))
+
+
+def test_vmapped_sampling_uses_each_key():
+  """Under vmap every row is drawn from its own key, exactly as unbatched (XLA's batching
+  of its bit generator alone would seed every row from the first key)."""
+  s = replay.add(replay.init(_items(1), 64, evicts=False), _items(64),
+                 jnp.zeros(64, jnp.int32), 0)
+  keys = jax.random.split(jax.random.key(3), 4)
+  batched = jax.vmap(lambda k: replay.sample(s, k, 8, 0, 0)[1].indices)(keys)
+  for row, key in zip(np.asarray(batched), keys):
+    np.testing.assert_array_equal(row, replay.sample(s, key, 8, 0, 0)[1].indices)
+  swapped = jax.vmap(lambda k: replay.sample(s, k, 8, 0, 0)[1].indices)(keys[::-1])
+  np.testing.assert_array_equal(np.asarray(swapped), np.asarray(batched)[::-1])
+
+
+def test_replace_takes_column_names_on_single_and_stacked_states():
+  s = replay.add(replay.init(_items(1), 4), _items(2), jnp.zeros(2, jnp.int32), 0)
+  t = s.replace(counters=jnp.array([7, 7, 7], jnp.int32), size=2)
+  np.testing.assert_array_equal(t.counters, [7, 2, 7])
+  stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), s, s)
+  u = stacked.replace(size=jnp.array([1, 2]), valid=jnp.zeros((2, 4), bool))
+  np.testing.assert_array_equal(u.size, [1, 2])
+  assert not np.asarray(u.valid).any() and u.may_have_holes
+  _, r = replay.sample(s, jax.random.key(0), 2, 0, 0)
+  r2 = r.replace(weights=jnp.array([0.5, 2.0]), staleness=jnp.array([3, 4]))
+  np.testing.assert_array_equal(r2.weights, [0.5, 2.0])
+  np.testing.assert_array_equal(r2.staleness, [3, 4])
+  np.testing.assert_array_equal(r2.indices, r.indices)
 
 
 def test_bundle_donates_state():

@@ -127,6 +127,10 @@ def test_distinct_ranks_equals_sequential_fisher_yates(k):
       assert sorted(got[:n].tolist()) == list(range(n))
 
 
+def test_distinct_ranks_of_nothing_is_empty():
+  assert S.distinct_ranks(jax.random.key(0), 5, 0).shape == (0,)
+
+
 def test_previous_steps_paths_agree():
   """The pairwise (k <= 512) and sort-based (k > 512) searches for earlier swaps agree."""
   rng = np.random.default_rng(0)

@@ -9,8 +9,8 @@ only per-item rewards and advantages (taken from ``items.rewards`` / ``items.adv
 the items have them, or passed explicitly) for the positive-bias and priority samplers.
 
 Samplers (``SamplerConfig.sampler``; Arnal et al. 2026 §3.1, App. 8.5, 10.4):
-  uniform (default, no duplicates in a batch, work independent of C when the valid items
-  form one contiguous ring segment), recency, priority, positive_bias, fresh_first, and a
+  uniform (default, no duplicates in a batch; work independent of C on a buffer made with
+  ``init(..., evicts=False)``, and O(C) once eviction may have left holes), recency, priority, positive_bias, fresh_first, and a
   group-preserving mode. Each returns with the batch the probabilities it used.
 
 Sharding: every [C, ...] leaf may be sharded along C over a mesh axis (``shard``); the
@@ -50,6 +50,7 @@ _META_COLUMNS = {"policy_version": POLICY_VERSION, "insert_step": INSERT_STEP,
                  "times_sampled": TIMES_SAMPLED, "last_sampled_step": LAST_SAMPLED_STEP,
                  "valid": VALID}
 _SCORE_COLUMNS = {"reward": REWARD, "advantage": ADVANTAGE}
+_COUNTER_COLUMNS = {"write_index": WRITE_INDEX, "size": SIZE, "total_inserted": TOTAL_INSERTED}
 
 
 @flax.struct.dataclass
@@ -62,16 +63,17 @@ class BufferState:
       ``TIMES_SAMPLED``, ``LAST_SAMPLED_STEP``, ``VALID`` (0 / 1); read them through the
       properties below.
     scores: [C, 2] float32, columns ``REWARD``, ``ADVANTAGE``.
-    counters: [3] int32, ``WRITE_INDEX``, ``SIZE``, ``TOTAL_INSERTED`` (read them through
-      the properties below; one array, not three scalars, because every array a jitted
-      ``add`` returns costs host time).
-    may_have_holes: static bool (not a leaf). False while no item has been evicted, so the
-      valid slots are exactly the ``size`` written last and the uniform sampler maps ranks
-      to slots with no check (no conditional in the compiled code, which costs XLA:CPU
-      time). ``evict`` with a rule and ``replace(valid=...)`` set it; ``init(evicts=True)``
-      sets it from the start so that jitted callers never see the structure change.
+    counters: [3] int32, columns ``WRITE_INDEX``, ``SIZE``, ``TOTAL_INSERTED`` (one array,
+      not three scalars, because every array a jitted ``add`` returns costs host time).
+    may_have_holes: static bool (part of the tree structure, not a leaf). When False, no
+      item has been evicted, so the valid slots are exactly the ``size`` written last and
+      the uniform sampler maps ranks to slots with no check (no conditional in the compiled
+      code, which costs XLA:CPU time); when True it checks, O(C) if there are holes.
+      ``init`` sets it unless told ``evicts=False``; ``evict`` with a rule and
+      ``replace(valid=...)`` / ``replace(meta=...)`` set it.
 
-  Properties (views of ``meta`` / ``scores``; ``replace`` accepts them as keywords too):
+  Properties (views of ``meta`` / ``scores`` / ``counters``, with a leading batch axis if the
+  state is stacked; ``replace`` accepts them as keywords too):
     policy_version: [C] int32, version that generated each item.
     insert_step: [C] int32, learner step at insertion.
     times_sampled: [C] int32, number of draws of the item so far.
@@ -79,6 +81,9 @@ class BufferState:
     valid: [C] bool, slot holds a live item.
     reward: [C] float32, the item's reward (correct ⇔ reward >= ``correct_threshold``).
     advantage: [C] float32, the item's advantage (priority sampler).
+    write_index: int32 scalar, next slot to write (the oldest written slot once full).
+    size: int32 scalar, number of valid slots.
+    total_inserted: int32 scalar, items ever added.
   """
 
   items: Any
@@ -104,24 +109,35 @@ class BufferState:
   total_inserted = property(lambda self: self.counters[..., TOTAL_INSERTED])
 
 
-def _replace(self: BufferState, **updates) -> BufferState:
-  """``dataclasses.replace`` that also takes the per-slot column names (e.g. ``valid=``).
-
-  Replacing ``valid`` marks the state ``may_have_holes``.
-  """
-  if "valid" in updates:
-    updates["may_have_holes"] = True
+def _update(self: BufferState, **updates) -> BufferState:
+  """``dataclasses.replace`` that also takes the column names of ``meta`` / ``scores`` /
+  ``counters`` (e.g. ``valid=``, ``size=``), applied after whole arrays; works on stacked
+  (batched) states too. Internal: never changes ``may_have_holes`` unless given."""
   meta, scores = updates.pop("meta", self.meta), updates.pop("scores", self.scores)
   counters = updates.pop("counters", self.counters)
-  names = ("write_index", "size", "total_inserted")
-  if any(k in updates for k in names):
-    counters = jnp.stack([jnp.asarray(updates.pop(k, self.counters[i]), jnp.int32).reshape(())
-                          for i, k in enumerate(names)])
   for name in [k for k in updates if k in _META_COLUMNS]:
-    meta = meta.at[:, _META_COLUMNS[name]].set(jnp.asarray(updates.pop(name), jnp.int32))
+    meta = meta.at[..., _META_COLUMNS[name]].set(jnp.asarray(updates.pop(name), jnp.int32))
   for name in [k for k in updates if k in _SCORE_COLUMNS]:
-    scores = scores.at[:, _SCORE_COLUMNS[name]].set(jnp.asarray(updates.pop(name), jnp.float32))
+    scores = scores.at[..., _SCORE_COLUMNS[name]].set(
+        jnp.asarray(updates.pop(name), jnp.float32))
+  for name in [k for k in updates if k in _COUNTER_COLUMNS]:
+    counters = counters.at[..., _COUNTER_COLUMNS[name]].set(
+        jnp.asarray(updates.pop(name), jnp.int32))
   return dataclasses.replace(self, meta=meta, scores=scores, counters=counters, **updates)
+
+
+def _replace(self: BufferState, **updates) -> BufferState:
+  """``dataclasses.replace`` that also takes the column names as keywords.
+
+  Accepts every field and every property name (``valid=``, ``times_sampled=``, ``reward=``,
+  ``size=``, ``write_index=`` ...); column updates apply after whole-array ones. Replacing
+  ``valid`` or ``meta`` (which holds the valid column) marks the state ``may_have_holes``
+  unless ``may_have_holes`` is given: a hole made that way is then always seen by
+  ``sample``. (``dataclasses.replace`` bypasses this; do not use it to evict.)
+  """
+  if ("valid" in updates or "meta" in updates) and "may_have_holes" not in updates:
+    updates["may_have_holes"] = True
+  return _update(self, **updates)
 
 
 BufferState.replace = _replace
@@ -144,7 +160,7 @@ class SampleResult:
       ``STEPS_SINCE_LAST_USE``; read them through the properties below.
     sampling: [B, 2] float32, columns ``PROB``, ``WEIGHT``.
 
-  Properties (views of ``per_item`` / ``sampling``):
+  Properties (views of ``per_item`` / ``sampling``; ``replace`` accepts them as keywords):
     indices: [B] int32 slots.
     probs: [B] float32, marginal probability that one batch position holds this slot, so it
       sums to 1 over the valid slots (with replacement: the per-draw probability P(i);
@@ -168,16 +184,41 @@ class SampleResult:
   weights = property(lambda self: self.sampling[..., WEIGHT])
 
 
-def init(example_items: Any, capacity: int, *, evicts: bool = False) -> BufferState:
+_PER_ITEM_COLUMNS = {"indices": INDEX, "staleness": STALENESS,
+                     "times_sampled_before": TIMES_SAMPLED_BEFORE,
+                     "steps_since_last_use": STEPS_SINCE_LAST_USE}
+_SAMPLING_COLUMNS = {"probs": PROB, "weights": WEIGHT}
+
+
+def _replace_result(self: SampleResult, **updates) -> SampleResult:
+  """``dataclasses.replace`` that also takes the property names (e.g. ``weights=``)."""
+  per_item, sampling = updates.pop("per_item", self.per_item), updates.pop("sampling",
+                                                                           self.sampling)
+  for name in [k for k in updates if k in _PER_ITEM_COLUMNS]:
+    per_item = per_item.at[..., _PER_ITEM_COLUMNS[name]].set(
+        jnp.asarray(updates.pop(name), jnp.int32))
+  for name in [k for k in updates if k in _SAMPLING_COLUMNS]:
+    sampling = sampling.at[..., _SAMPLING_COLUMNS[name]].set(
+        jnp.asarray(updates.pop(name), jnp.float32))
+  return dataclasses.replace(self, per_item=per_item, sampling=sampling, **updates)
+
+
+SampleResult.replace = _replace_result
+
+
+def init(example_items: Any, capacity: int, *, evicts: bool = True) -> BufferState:
   """An empty buffer shaped like ``example_items``.
 
   Args:
     example_items: pytree with leaves [N, ...] (N is ignored; dtypes and trailing shapes kept).
     capacity: C >= 1.
-    evicts: the buffer will lose items other than by overwriting (a ``SamplerConfig`` with
-      ``max_staleness`` or ``max_times_sampled``, i.e. ``cfg.evicts``, or direct ``evict``
-      calls). Sets ``may_have_holes`` now; without it the first eviction sets it, which
-      changes the state's static structure, so a jitted function retraces once.
+    evicts: whether items may leave other than by being overwritten (a ``SamplerConfig``
+      with ``max_staleness`` or ``max_times_sampled``, i.e. ``cfg.evicts``, or direct
+      ``evict`` calls); sets ``may_have_holes``. The default True is always correct. Pass
+      False (as ``make_replay_buffer`` and the trainer do for configs without eviction) for
+      the fast uniform draw; if an eviction happens anyway, the state is marked then — its
+      static structure changes, so a jitted function retraces once, and a ``lax.scan`` /
+      ``lax.cond`` carrying it, or fixed ``out_shardings``, reject the changed structure.
 
   Raises:
     ValueError: ``capacity`` < 1.
@@ -262,7 +303,8 @@ def add(state: BufferState, items: Any, policy_version: jax.Array, step: jax.Arr
   # idx: N <= C distinct in-range slots, so XLA may scatter without collision handling.
   put = lambda buf, new: buf.at[idx].set(new.astype(buf.dtype), unique_indices=True,
                                          mode="promise_in_bounds")
-  return state.replace(
+  return _update(
+      state,
       items=jax.tree.map(put, state.items, items),
       meta=put(state.meta, meta_new),
       scores=put(state.scores, jnp.stack([rewards, advantages], axis=1)),
@@ -284,7 +326,8 @@ def evict(state: BufferState, current_version: jax.Array,
     state: buffer state. current_version: int32 scalar policy version. cfg: static config.
 
   Returns:
-    The state with evicted slots invalid and ``size`` reduced.
+    The state with evicted slots invalid, ``size`` reduced and, when a rule is on,
+    ``may_have_holes`` set.
   """
   if not cfg.evicts:
     return state
@@ -297,7 +340,7 @@ def evict(state: BufferState, current_version: jax.Array,
   n_drop = drop.sum(dtype=jnp.int32)
   # `n_drop >= 0` is always true; it makes the in-place write of `meta` wait for the count
   # (which reads `meta`), so XLA needs no copy of `meta` to keep that read safe.
-  return state.replace(valid=state.valid & ~drop & (n_drop >= 0),
+  return _update(state, may_have_holes=True, valid=state.valid & ~drop & (n_drop >= 0),
                        size=(state.size - n_drop).astype(jnp.int32))
 
 
@@ -436,10 +479,12 @@ def sample(state: BufferState, key: jax.Array, batch_size: int, current_version:
   Order of operations: evict by age (``cfg.max_staleness``), draw, update use counters
   (``times_sampled`` += 1 per draw, ``last_sampled_step`` = ``step``), evict by use count
   (``cfg.max_times_sampled``). Requires ``can_sample`` (enough eligible items); otherwise the
-  batch may repeat items or, on an empty buffer, hold slot 0 with probability 0.
+  batch may repeat items or, on an empty buffer, hold empty slots (its ``probs`` are then
+  meaningless).
 
-  Cost: uniform without holes is O(B²) fused comparisons (B <= 512; O(B log B) above) and
-  O(B log B) pointer jumping, independent of C (``distinct_ranks``); the other samplers, group mode and any eviction rule add O(C) elementwise work.
+  Cost: uniform on a state without ``may_have_holes`` is O(B²) fused comparisons (B <= 512;
+  O(B log B) above) and O(B log B) pointer jumping, independent of C (``distinct_ranks``);
+  the other samplers, group mode, holes and any eviction rule add O(C) elementwise work.
 
   Args:
     state: buffer state.
@@ -491,7 +536,7 @@ def sample(state: BufferState, key: jax.Array, batch_size: int, current_version:
                                                  mode="promise_in_bounds")
     meta = meta.at[idx, LAST_SAMPLED_STEP].set(jnp.full((batch_size,), step),
                                                mode="promise_in_bounds")
-  state = state.replace(meta=meta)
+  state = _update(state, meta=meta)
   if cfg.max_times_sampled is not None:
     state = evict(state, current_version, SamplerConfig(max_times_sampled=cfg.max_times_sampled))
   return state, result

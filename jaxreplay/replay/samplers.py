@@ -1,10 +1,12 @@
 """Pure sampling pieces shared by the buffer's samplers (no buffer state in here).
 
 All functions are jittable with static ``k`` / sizes and take or return int32 / float32
-arrays. Slot masks are [C] bool, C the buffer capacity.
+arrays (``random_bits``: uint32). Slot masks are [C] bool, C the buffer capacity.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,35 +16,55 @@ from jax import lax
 def random_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   """uint32 random bits of ``shape`` from XLA's native bit generator, seeded by ``key``.
 
-  ``lax.rng_bit_generator`` (Threefry-2x32 algorithm) with the key's data as the Threefry key
-  and a zero counter. On CPU, ``jax.random.bits`` runs Threefry as a rolled ``while`` loop,
-  and control flow costs an XLA:CPU executable more than the draw itself; the native
-  generator compiles to straight-line code (issue 2: it is what lets ``sample`` match
-  flashbax's speed). Deterministic: the same key gives the same bits on a given backend and
-  XLA version (XLA does not promise the same stream across backends or versions, unlike
-  ``jax.random``; every draw of the buffer goes through here, so a run is reproducible with
-  its environment).
+  ``lax.rng_bit_generator`` (Threefry-2x32 algorithm) seeded with the key's data: a 2-word
+  key is the Threefry key with a zero counter; a 4-word key (e.g. ``rbg``) is the whole
+  generator state. On CPU, ``jax.random.bits`` runs Threefry as a rolled ``while`` loop, and
+  control flow costs an XLA:CPU executable more than the draw itself; the native generator
+  compiles to straight-line code (issue 2: it is what lets ``sample`` match flashbax's
+  speed). Deterministic: the same key gives the same bits on a given backend and XLA
+  version, also under ``jax.vmap`` (batched keys are mapped one by one, because the
+  primitive's own batching rule would seed every row from the first key); XLA does not
+  promise the same stream across backends or versions, unlike ``jax.random``, so a run is
+  reproducible with its environment.
 
   Args:
-    key: PRNG key whose data is 2 or 4 uint32 words (threefry or rbg keys; raw uint32[2]
-      keys work too).
+    key: one PRNG key (typed, shape ()) or raw key data of shape [2] or [4] uint32.
     shape: static output shape.
 
   Returns:
     uint32 array of ``shape``.
 
   Raises:
-    ValueError: a key whose data is not 2 or 4 words.
+    ValueError: key data that is not one key of 2 or 4 words (e.g. a batch of keys).
   """
   if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
     key = jax.random.key_data(key)
-  words = key.reshape(-1).astype(jnp.uint32)
+  if key.shape not in ((2,), (4,)):
+    raise ValueError(f"random_bits needs one key of 2 or 4 uint32 words; got key data of "
+                     f"shape {key.shape} (vmap over a batch of keys instead)")
+  words = key.astype(jnp.uint32)
   if words.shape[0] == 2:
     words = jnp.concatenate([words, jnp.zeros((2,), jnp.uint32)])
-  elif words.shape[0] != 4:
-    raise ValueError(f"random_bits needs a key of 2 or 4 uint32 words; got {key.shape}")
-  return lax.rng_bit_generator(words, tuple(shape), jnp.uint32,
-                               algorithm=lax.RandomAlgorithm.RNG_THREE_FRY)[1]
+  return _native_bits(tuple(shape))(words)
+
+
+@functools.lru_cache(maxsize=None)
+def _native_bits(shape: tuple[int, ...]):
+  """``words [4] uint32 -> bits`` with a vmap rule that maps over batched states."""
+
+  @jax.custom_batching.custom_vmap
+  def bits(words):
+    return lax.rng_bit_generator(words, shape, jnp.uint32,
+                                 algorithm=lax.RandomAlgorithm.RNG_THREE_FRY)[1]
+
+  @bits.def_vmap
+  def _batched(axis_size, in_batched, words):
+    del axis_size
+    if not in_batched[0]:
+      return bits(words), False
+    return lax.map(bits, words), True
+
+  return bits
 
 
 def uniform_ints(key: jax.Array, shape: tuple[int, ...], n: jax.Array) -> jax.Array:
@@ -95,6 +117,8 @@ def distinct_ranks(key: jax.Array, n: jax.Array, k: int) -> jax.Array:
     [k] int32 in [0, max(n, 1)). Distinct when n >= k; when n < k the first n entries are
     a permutation of {0, …, n−1} and entry i >= n is i mod n (callers check ``can_sample``).
   """
+  if k == 0:
+    return jnp.zeros((0,), jnp.int32)
   n = jnp.maximum(jnp.asarray(n, jnp.int32), 1)
   i = jnp.arange(k, dtype=jnp.int32)
   hi, lo = random_bits(key, (2, k))
