@@ -308,9 +308,8 @@ def add(state: BufferState, items: Any, policy_version: jax.Array, step: jax.Arr
       items=jax.tree.map(put, state.items, items),
       meta=put(state.meta, meta_new),
       scores=put(state.scores, jnp.stack([rewards, advantages], axis=1)),
-      write_index=((start + n) % c).astype(jnp.int32),
-      size=(state.size + n - overwritten).astype(jnp.int32),
-      total_inserted=(state.total_inserted + n_in).astype(jnp.int32),
+      counters=jnp.stack([(start + n) % c, state.size + n - overwritten,  # one fusion
+                          state.total_inserted + n_in]).astype(jnp.int32),
   )
 
 
