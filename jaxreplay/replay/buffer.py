@@ -11,7 +11,8 @@ the items have them, or passed explicitly) for the positive-bias and priority sa
 Samplers (``SamplerConfig.sampler``; Arnal et al. 2026 §3.1, App. 8.5, 10.4):
   uniform (default, no duplicates in a batch; work independent of C on a buffer made with
   ``init(..., evicts=False)``, and O(C) once eviction may have left holes), recency,
-  priority, positive_bias, fresh_first, and a group-preserving mode. Each returns with the batch the probabilities it used.
+  priority, positive_bias, fresh_first, and a group-preserving mode. Each returns with the
+  batch the probabilities it used.
 
 Sharding: every [C, ...] leaf may be sharded along C over a mesh axis (``shard``); the
 functions are written with global indices, so GSPMD partitions them and the results are
