@@ -110,21 +110,29 @@ class BufferState:
   total_inserted = property(lambda self: self.counters[..., TOTAL_INSERTED])
 
 
+def _replace_packed(obj, packed: dict, **updates):
+  """``dataclasses.replace`` of ``obj`` that also sets named columns of its packed arrays.
+
+  ``packed`` maps a field name to ``(columns, dtype)``, ``columns`` a dict from column name
+  to index on the last axis (so stacked / batched objects work too). Whole-array updates
+  apply first, then column updates.
+  """
+  arrays = {field: updates.pop(field, getattr(obj, field)) for field in packed}
+  for field, (columns, dtype) in packed.items():
+    for name in [k for k in updates if k in columns]:
+      arrays[field] = arrays[field].at[..., columns[name]].set(
+          jnp.asarray(updates.pop(name), dtype))
+  return dataclasses.replace(obj, **arrays, **updates)
+
+
+_BUFFER_PACKED = {"meta": (_META_COLUMNS, jnp.int32), "scores": (_SCORE_COLUMNS, jnp.float32),
+                  "counters": (_COUNTER_COLUMNS, jnp.int32)}
+
+
 def _update(self: BufferState, **updates) -> BufferState:
-  """``dataclasses.replace`` that also takes the column names of ``meta`` / ``scores`` /
-  ``counters`` (e.g. ``valid=``, ``size=``), applied after whole arrays; works on stacked
-  (batched) states too. Internal: never changes ``may_have_holes`` unless given."""
-  meta, scores = updates.pop("meta", self.meta), updates.pop("scores", self.scores)
-  counters = updates.pop("counters", self.counters)
-  for name in [k for k in updates if k in _META_COLUMNS]:
-    meta = meta.at[..., _META_COLUMNS[name]].set(jnp.asarray(updates.pop(name), jnp.int32))
-  for name in [k for k in updates if k in _SCORE_COLUMNS]:
-    scores = scores.at[..., _SCORE_COLUMNS[name]].set(
-        jnp.asarray(updates.pop(name), jnp.float32))
-  for name in [k for k in updates if k in _COUNTER_COLUMNS]:
-    counters = counters.at[..., _COUNTER_COLUMNS[name]].set(
-        jnp.asarray(updates.pop(name), jnp.int32))
-  return dataclasses.replace(self, meta=meta, scores=scores, counters=counters, **updates)
+  """``replace`` taking the column names of ``meta`` / ``scores`` / ``counters`` (e.g.
+  ``valid=``, ``size=``). Internal: never changes ``may_have_holes`` unless given."""
+  return _replace_packed(self, _BUFFER_PACKED, **updates)
 
 
 def _replace(self: BufferState, **updates) -> BufferState:
@@ -193,15 +201,8 @@ _SAMPLING_COLUMNS = {"probs": PROB, "weights": WEIGHT}
 
 def _replace_result(self: SampleResult, **updates) -> SampleResult:
   """``dataclasses.replace`` that also takes the property names (e.g. ``weights=``)."""
-  per_item, sampling = updates.pop("per_item", self.per_item), updates.pop("sampling",
-                                                                           self.sampling)
-  for name in [k for k in updates if k in _PER_ITEM_COLUMNS]:
-    per_item = per_item.at[..., _PER_ITEM_COLUMNS[name]].set(
-        jnp.asarray(updates.pop(name), jnp.int32))
-  for name in [k for k in updates if k in _SAMPLING_COLUMNS]:
-    sampling = sampling.at[..., _SAMPLING_COLUMNS[name]].set(
-        jnp.asarray(updates.pop(name), jnp.float32))
-  return dataclasses.replace(self, per_item=per_item, sampling=sampling, **updates)
+  return _replace_packed(self, {"per_item": (_PER_ITEM_COLUMNS, jnp.int32),
+                                "sampling": (_SAMPLING_COLUMNS, jnp.float32)}, **updates)
 
 
 SampleResult.replace = _replace_result
