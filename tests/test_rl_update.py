@@ -148,3 +148,44 @@ def test_missing_reference_or_value_head_raises(model_and_batch):
     update.make_train_step(graphdef, opt, {"num_minibatches": 3}, 1.0)(plain, batch, jnp.ones(B))
   with pytest.raises(ValueError, match=r"algo\.loss='ppo2'"):
     update.make_train_step(graphdef, opt, {"loss": "ppo2"}, 1.0)
+
+
+@pytest.mark.parametrize("aggregation,epochs", [("token_mean", 1), ("seq_mean_token_mean", 2)])
+def test_loss_metric_is_the_whole_batch_loss_over_minibatches(model_and_batch, aggregation,
+                                                              epochs):
+  """``loss`` and ``pg_loss`` with two minibatches of 1 and 6 loss tokens equal the loss of
+  the whole batch under the configured aggregation (not the plain mean of the two).
+
+  A learning rate of 0 evaluates both minibatches at the same parameters, and behaviour
+  log-probs equal to the current ones give ratio 1, so ppo_clip's token loss is −A.
+  Rows: 0 has 1 token (A = 1), 1 has none, 2 and 3 have 3 each (A = −0.5, 0.2).
+    token_mean: minibatches −1 (1 token) and 0.15 (6 tokens); whole batch −0.1/7
+      (the plain mean would be −0.425).
+    seq_mean_token_mean: −1 (1 row) and mean(0.5, −0.2) = 0.15 (2 rows); whole batch
+      (−1 + 0.5 − 0.2)/3 = −0.7/3.
+  """
+  import optax
+  _, graphdef, params, batch = model_and_batch
+  comp = np.zeros((B, T), bool)
+  comp[0, 5] = True
+  comp[2:, 3:] = True
+  logp, _ = jax.jit(update.token_logprobs, static_argnums=0)(graphdef, params, batch.tokens,
+                                                            batch.attention_mask)
+  batch = batch.replace(completion_mask=jnp.asarray(comp),
+                        behaviour_logprobs=jnp.where(comp, logp, 0.0),
+                        advantages=jnp.array([1.0, 0.3, -0.5, 0.2]),
+                        policy_version=jnp.zeros(B, jnp.int32))
+  opt = optax.sgd(0.0)
+  got = {}
+  for nm in (1, 2):
+    algo = dict(aggregation=aggregation, num_minibatches=nm, update_epochs=epochs)
+    step = update.make_train_step(graphdef, opt, algo, 1.0)
+    p = fresh(params)
+    state = update.TrainState(params=p, opt_state=opt.init(p), step=jnp.int32(0),
+                              skipped=jnp.int32(0))
+    _, got[nm] = step(state, batch, jnp.ones(B))
+  want = {"token_mean": -0.1 / 7, "seq_mean_token_mean": -0.7 / 3}[aggregation]
+  for key in ("loss", "pg_loss"):
+    assert float(got[1][key]) == pytest.approx(want, abs=1e-5), key
+    assert float(got[2][key]) == pytest.approx(float(got[1][key]), rel=1e-6, abs=1e-7), key
+  assert float(got[2]["tokens"]) == float(got[1]["tokens"]) == 7.0

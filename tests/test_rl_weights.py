@@ -229,10 +229,13 @@ def test_combine_updates_weights_by_tokens():
   per = {"ratio_mean": jnp.array([2.0, 0.0]), "tokens": jnp.array([3.0, 0.0]),
          "stale/s0/ratio_min": jnp.array([0.5, 0.0]), "stale/s0/tokens": jnp.array([1.0, 0.0]),
          "loss": jnp.array([1.0, 3.0]), "skipped_update": jnp.array([0.0, 1.0])}
-  out = diagnostics.combine_updates(per, epochs=1)
+  out = diagnostics.combine_updates(per, epochs=1, loss_weights=jnp.array([1.0, 1.0]))
   assert float(out["ratio_mean"]) == 2.0 and float(out["tokens"]) == 3.0
   assert float(out["stale/s0/ratio_min"]) == 0.5
   assert float(out["loss"]) == 2.0 and float(out["skipped_update"]) == 1.0
+  # The loss is weighted by each update's aggregation normaliser: 3 tokens against 1.
+  out = diagnostics.combine_updates(per, epochs=1, loss_weights=jnp.array([3.0, 1.0]))
+  assert float(out["loss"]) == 1.5 and float(out["ratio_mean"]) == 2.0
   assert diagnostics.bucket_names((0, 1, 2, 4, 8)) == ["s0", "s1", "s2-3", "s4-7", "s8+"]
 
 

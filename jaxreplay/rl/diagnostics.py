@@ -124,18 +124,33 @@ _MAX_KEYS = ("skipped_update",)
 _TOKEN_WEIGHTED = ("ratio_mean", "ratio_p10", "ratio_p50", "ratio_p90", "clip_frac_low",
                    "clip_frac_high", "clip_frac", "kl_behaviour", "kl_behaviour_k1", "entropy",
                    "ess")
+# Aggregates of the loss (``losses.aggregate``): weighted by each update's normaliser.
+_AGGREGATES = ("loss", "pg_loss")
 
 
-def combine_updates(per_update: dict, epochs: int) -> dict:
+def combine_updates(per_update: dict, epochs: int, loss_weights) -> dict:
   """Merges the metrics of U optimizer updates (leading axis U) into one step's metrics.
 
-  ``step_metrics`` keys (overall and per bucket) are averaged weighted by their token
-  count, so a bucket empty in one minibatch does not dilute it (quantiles and ESS
-  become token-weighted averages of the per-minibatch values); ``ratio_min``/``ratio_max``
-  take the min/max over non-empty selections, ``skipped_update`` the max, ``tokens`` the total per epoch;
-  every other key (loss, grad_norm, ...) the plain mean. With U = 1 this is the identity.
+  ``loss`` and ``pg_loss`` are averaged weighted by ``loss_weights`` (each update's
+  ``losses.aggregate_normaliser``), which makes them the loss of the whole batch under the
+  configured aggregation (averaged over epochs) when every minibatch is evaluated at the
+  same parameters. ``step_metrics`` keys (overall and per bucket) are averaged weighted by
+  their token count, so a bucket empty in one minibatch does not dilute it (quantiles and
+  ESS become token-weighted averages of the per-minibatch values); ``ratio_min``/``ratio_max``
+  take the min/max over non-empty selections, ``skipped_update`` the max, ``tokens`` the
+  total per epoch; every other key (grad_norm, ...) the plain mean. With U = 1 ``loss`` and
+  ``pg_loss`` are returned unchanged.
+
+  Args:
+    per_update: dict of [U] float32 arrays. epochs: passes over the batch among the U.
+    loss_weights: [U] float32 normalisers (≥ 0).
+
+  Returns:
+    Dict of float32 scalars with the same keys.
   """
   out = {}
+  n_loss = jnp.asarray(loss_weights, jnp.float32)
+  w_loss = n_loss / jnp.maximum(n_loss.sum(0), 1.0)  # n/n is exactly 1: U = 1 is the identity
   for key, v in per_update.items():
     prefix, _, leaf = key.rpartition("/")
     if leaf in _MIN_KEYS + ("ratio_max",):  # over the updates whose selection was non-empty
@@ -150,6 +165,8 @@ def combine_updates(per_update: dict, epochs: int) -> dict:
     elif leaf in _TOKEN_WEIGHTED:
       n = per_update[f"{prefix}/tokens" if prefix else "tokens"]
       out[key] = (v * n).sum(0) / jnp.maximum(n.sum(0), 1.0)
+    elif key in _AGGREGATES:
+      out[key] = (v * w_loss).sum(0)
     else:
       out[key] = v.mean(0)
   return out

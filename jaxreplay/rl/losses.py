@@ -343,6 +343,36 @@ def aggregate(loss_bt, mask_bt, mode: str, horizon: int | float = 0) -> jax.Arra
   raise ValueError(f"algo.aggregation={mode!r} is not one of {AGGREGATIONS}")
 
 
+def aggregate_normaliser(mask_bt, mode: str) -> jax.Array:
+  """The count ``aggregate`` divides by: the weight of a minibatch's aggregate in the batch's.
+
+  For disjoint minibatches k with aggregates a_k and normalisers n_k, the aggregate of their
+  union is Σ_k n_k·a_k / Σ_k n_k in every mode (the ``horizon`` divides both sides):
+    token_mean: Σ m (loss tokens).
+    seq_mean_token_mean: rows with ≥ 1 loss token.
+    seq_mean_token_sum, seq_mean_token_sum_norm: B (rows, masked or not).
+  An empty minibatch has normaliser 0 under the first two modes, and aggregate 0.
+
+  Args:
+    mask_bt: [B, T] bool. mode: one of ``AGGREGATIONS``.
+
+  Returns:
+    float32 scalar.
+
+  Raises:
+    ValueError: unknown ``mode``.
+  """
+  chex.assert_rank(mask_bt, 2)
+  m = mask_bt.astype(jnp.float32)
+  if mode == "token_mean":
+    return m.sum()
+  if mode == "seq_mean_token_mean":
+    return (m.sum(-1) > 0).astype(jnp.float32).sum()
+  if mode in ("seq_mean_token_sum", "seq_mean_token_sum_norm"):
+    return jnp.float32(mask_bt.shape[0])
+  raise ValueError(f"mode={mode!r} is not one of {AGGREGATIONS}")
+
+
 def masked_mean(x_bt, mask_bt) -> jax.Array:
   """Mean of ``x`` over True entries of ``mask`` (0 when none; off-mask values never read)."""
   chex.assert_equal_shape([x_bt, mask_bt])

@@ -474,12 +474,16 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
       new_trainable = optax.apply_updates(trainable, updates)
       keep = lambda new, old: jax.tree.map(lambda a, c: jnp.where(finite, a, c), new, old)
       metrics.update(loss=loss, grad_norm=gnorm, skipped_update=(~finite).astype(jnp.float32))
+      batch_m = mb[0]
+      norm = losses.aggregate_normaliser(
+          losses.loss_mask(batch_m.completion_mask, batch_m.truncated, spec.mask_truncated),
+          spec.aggregation)
       return (keep(new_trainable, trainable), keep(new_opt, opt_state),
-              skipped + (~finite).astype(jnp.int32)), metrics
+              skipped + (~finite).astype(jnp.int32)), (metrics, norm)
 
-    (trainable, opt_state, skipped), per_update = jax.lax.scan(
+    (trainable, opt_state, skipped), (per_update, norms) = jax.lax.scan(
         one_update, (trainable, state.opt_state, state.skipped), idx)
-    metrics = diagnostics.combine_updates(per_update, spec.update_epochs)
+    metrics = diagnostics.combine_updates(per_update, spec.update_epochs, norms)
     params, value_params = trainable if spec.uses_value_head else (trainable, state.value_params)
     state = state.replace(params=params, value_params=value_params, opt_state=opt_state,
                           step=state.step + 1, skipped=skipped)
