@@ -1,0 +1,361 @@
+"""A grid of configurations × seeds, run one after another, resumable, then a report.
+
+  python -m jaxreplay.sweep --config configs/sweep/NAME.py [--workdir DIR] [--only REGEX]
+                            [--report-only] [--dry-run]
+
+A sweep file has ``get_config()`` returning a ConfigDict (or dict) with
+  base_config:    path of a trainer config file (``configs/default.py``, a Qwen preset, ...),
+                  relative to the working directory or to the repository root;
+  workdir:        the sweep's directory (``--workdir`` overrides it);
+  seeds:          seeds, each run once per configuration;
+  base_overrides: ``{"section.field": value}`` applied to every run (dotted keys:
+                  ``ConfigDict(..., allow_dotted_keys=True)``, or nested dicts);
+  configurations: list of ``dict(name=..., family=..., overrides={"a.b": v, ...})``;
+  report:         what ``jaxreplay.report`` needs (reference configuration, claims, output
+                  paths; see that module). Optional.
+
+Every run (configuration × seed) is a subprocess
+  python -m jaxreplay.main --config BASE --config.seed=K --config.workdir=WORKDIR/NAME/seedK
+         --config.warmstart.cache_dir=WORKDIR/base_policies --config.a.b=v ...
+so the sweep knows nothing of the trainer's internals: it reads back only the files a run
+leaves in its directory (``summary.json``, ``metrics.jsonl``, ``config.json``). Its output
+goes to ``WORKDIR/NAME/seedK/sweep.log``. All runs share one base-policy cache, so the runs
+of a seed reuse that seed's warm-started policy (the cache key includes the seed; a
+configuration that overrides a field of the key trains its own, and the sweep says so).
+
+Resuming: a run whose ``summary.json`` says ``steps`` == its configured ``train.steps`` is
+skipped; any other run is launched with its same command, and the trainer resumes from the
+last checkpoint in its directory. Interrupt the sweep at any point and start it again.
+A failed run is reported and the grid goes on; the exit status is then 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class SweepError(ValueError):
+  """A sweep file or command line that cannot run; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Run:
+  """One configuration at one seed.
+
+  Attributes:
+    name: configuration name. family: its plot group. seed: int.
+    overrides: dotted field -> value, base overrides first, then the configuration's.
+    workdir: the run's directory.
+  """
+
+  name: str
+  family: str
+  seed: int
+  overrides: dict
+  workdir: str
+
+  @property
+  def label(self) -> str:
+    return f"{self.name} seed{self.seed}"
+
+
+def _load_module_config(path: str):
+  if not os.path.exists(path):
+    raise SweepError(f"sweep config file {path!r} does not exist")
+  spec = importlib.util.spec_from_file_location(
+      "jaxreplay_sweep_" + re.sub(r"\W", "_", os.path.basename(path)[:-3]), path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config()
+
+
+def _plain(x):
+  """ConfigDict / FrozenConfigDict / nested containers -> plain dicts, lists and scalars."""
+  if hasattr(x, "to_dict"):
+    x = x.to_dict()
+  if isinstance(x, dict):
+    return {k: _plain(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_plain(v) for v in x]
+  return x
+
+
+def flatten(overrides: dict | None, prefix: str = "") -> dict:
+  """``{"a": {"b": 1}, "c.d": 2}`` -> ``{"a.b": 1, "c.d": 2}`` (dotted keys kept)."""
+  out = {}
+  for k, v in (overrides or {}).items():
+    key = f"{prefix}{k}"
+    if isinstance(v, dict):
+      out.update(flatten(v, key + "."))
+    else:
+      out[key] = v
+  return out
+
+
+def resolve_path(path: str) -> str:
+  """``path`` as given if it exists (relative to the working directory), else relative to
+  the repository root; absolute."""
+  if os.path.isabs(path) or os.path.exists(path):
+    return os.path.abspath(path)
+  return os.path.join(REPO_ROOT, path)
+
+
+def load_sweep(path: str) -> dict:
+  """The sweep file's config as a checked plain dict (see the module docstring).
+
+  Raises:
+    SweepError: a missing or ill-formed field, duplicate configuration names, fewer than
+      one seed, or a base config file that does not exist.
+  """
+  s = _plain(_load_module_config(path))
+  for f in ("base_config", "workdir", "seeds", "configurations"):
+    if f not in s:
+      raise SweepError(f"sweep config {path}: missing field {f!r}")
+  if not s["seeds"]:
+    raise SweepError(f"sweep config {path}: seeds is empty")
+  s["seeds"] = [int(k) for k in s["seeds"]]
+  if not os.path.exists(resolve_path(s["base_config"])):
+    raise SweepError(f"sweep config {path}: base_config {s['base_config']!r} does not exist")
+  s["base_overrides"] = flatten(s.get("base_overrides"))
+  names = set()
+  for i, c in enumerate(s["configurations"]):
+    if "name" not in c or not re.fullmatch(r"[A-Za-z0-9_.+-]+", str(c["name"])):
+      raise SweepError(f"sweep config {path}: configurations[{i}] needs a name of letters, "
+                       f"digits and _.+- (got {c.get('name')!r})")
+    if c["name"] in names:
+      raise SweepError(f"sweep config {path}: configuration name {c['name']!r} appears twice")
+    names.add(c["name"])
+    c.setdefault("family", c["name"])
+    c["overrides"] = flatten(c.get("overrides"))
+    for k in ("seed", "workdir", "warmstart.cache_dir"):
+      if k in c["overrides"] or k in s["base_overrides"]:
+        raise SweepError(f"sweep config {path}: {k} is set by the sweep, not by overrides")
+  s.setdefault("report", {})
+  return s
+
+
+def plan(sweep: dict, workdir: str) -> list[Run]:
+  """Every run of the grid in execution order: for each seed, every configuration.
+
+  Seeds outermost, so that the first seed's results cover all configurations early and
+  each seed's base policy is trained by its first run.
+  """
+  runs = []
+  for seed in sweep["seeds"]:
+    for c in sweep["configurations"]:
+      runs.append(Run(name=c["name"], family=c["family"], seed=seed,
+                      overrides={**sweep["base_overrides"], **c["overrides"]},
+                      workdir=os.path.join(workdir, c["name"], f"seed{seed}")))
+  return runs
+
+
+def format_value(v: Any) -> str:
+  """A value as ``config_flags`` parses it on the command line."""
+  if isinstance(v, bool):
+    return "True" if v else "False"
+  if isinstance(v, (list, tuple)):
+    return "(" + ", ".join(format_value(x) for x in v) + ("," if len(v) == 1 else "") + ")"
+  if v is None:
+    return "None"
+  return str(v)
+
+
+def command(sweep: dict, run: Run, workdir: str) -> list[str]:
+  """The trainer's command line for ``run`` (the same at every launch of the run)."""
+  cmd = [sys.executable, "-m", "jaxreplay.main", "--config", resolve_path(sweep["base_config"]),
+         f"--config.seed={run.seed}", f"--config.workdir={os.path.abspath(run.workdir)}",
+         f"--config.warmstart.cache_dir={os.path.abspath(os.path.join(workdir, 'base_policies'))}"]
+  return cmd + [f"--config.{k}={format_value(v)}" for k, v in run.overrides.items()]
+
+
+def resolved_config(sweep: dict, run: Run, workdir: str):
+  """The trainer config ``run`` will use (base file + overrides), locked.
+
+  Raises:
+    SweepError: an override that names no field of the base config.
+  """
+  from ml_collections import config_dict
+  cfg = _load_module_config(resolve_path(sweep["base_config"]))
+  if not isinstance(cfg, config_dict.ConfigDict):
+    cfg = config_dict.ConfigDict(cfg)
+  cfg.lock()
+  sets = {"seed": run.seed, "workdir": os.path.abspath(run.workdir),
+          "warmstart.cache_dir": os.path.abspath(os.path.join(workdir, "base_policies")),
+          **run.overrides}
+  for k, v in sets.items():
+    node = cfg
+    *path, last = k.split(".")
+    try:
+      for p in path:
+        node = node[p]
+      if last not in node:
+        raise KeyError(last)
+      node[last] = v
+    except (KeyError, AttributeError, TypeError) as e:
+      raise SweepError(f"configuration {run.name!r}: override {k}={v!r} does not fit "
+                       f"{sweep['base_config']}: {e}") from None
+  return cfg
+
+
+def finished(run: Run, steps: int) -> bool:
+  """Whether ``run``'s directory holds a summary of a run with ``steps`` learner steps."""
+  try:
+    with open(os.path.join(run.workdir, "summary.json")) as f:
+      return int(json.load(f).get("steps", -1)) == int(steps)
+  except (OSError, ValueError):
+    return False
+
+
+def base_policy_groups(cfgs: dict[Run, Any]) -> dict[int, dict[str, list[str]]]:
+  """Per seed: base-policy cache key -> configurations using it, or {} when the trainer
+  exposes no ``base_policy_key`` (e.g. a Hugging Face checkpoint needs none)."""
+  try:
+    from jaxreplay.train.warmstart import base_policy_key
+  except Exception:  # noqa: BLE001 - a refactored trainer: the check is advisory
+    return {}
+  groups: dict[int, dict[str, list[str]]] = {}
+  for run, cfg in cfgs.items():
+    if cfg.get("model", {}).get("source", "builtin") != "builtin":
+      continue
+    try:
+      key = base_policy_key(cfg)
+    except Exception:  # noqa: BLE001
+      return {}
+    groups.setdefault(run.seed, {}).setdefault(key, []).append(run.name)
+  return groups
+
+
+def _summary_line(run: Run) -> str:
+  """", acc 0.31→0.50" from the run's summary (sampled accuracy), or ""."""
+  try:
+    with open(os.path.join(run.workdir, "summary.json")) as f:
+      s = json.load(f)
+    return f", acc {s['acc_sampled_before']:.2f}→{s['acc_sampled_after']:.2f}"
+  except (OSError, ValueError, KeyError, TypeError):
+    return ""
+
+
+def execute(cmd: list[str], log_path: str) -> int:
+  """Runs ``cmd`` with stdout and stderr appended to ``log_path``; its exit status.
+
+  The child gets its own process group; an interrupt of the sweep stops it (and only it)
+  before re-raising.
+  """
+  os.makedirs(os.path.dirname(log_path), exist_ok=True)
+  with open(log_path, "a") as log:
+    log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+    log.flush()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+      return proc.wait()
+    except BaseException:
+      try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+      except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+      raise
+
+
+def _say(msg: str) -> None:
+  print(msg, flush=True)
+
+
+def run_grid(sweep: dict, workdir: str, only: str | None = None, dry_run: bool = False,
+             print_fn=_say) -> list[Run]:
+  """Runs every not-yet-finished run of the grid in order; returns the runs that failed.
+
+  Raises:
+    SweepError: a bad override (checked for every run before any runs).
+  """
+  runs = plan(sweep, workdir)
+  if only:
+    pat = re.compile(only)
+    runs = [r for r in runs if pat.search(f"{r.name}/seed{r.seed}")]
+  cfgs = {r: resolved_config(sweep, r, workdir) for r in runs}
+  for seed, keys in base_policy_groups(cfgs).items():
+    if len(keys) > 1:
+      print_fn(f"note: seed {seed} trains {len(keys)} base policies: "
+               + "; ".join(", ".join(v) for v in keys.values())
+               + " (their overrides change fields of the base policy's cache key)")
+  failed = []
+  n = len(runs)
+  for i, run in enumerate(runs, 1):
+    steps = cfgs[run].train.steps
+    head = f"[{i}/{n}] {run.label}"
+    cmd = command(sweep, run, workdir)
+    if dry_run:
+      print_fn(f"{head}: {' '.join(cmd)}")
+      continue
+    if finished(run, steps):
+      print_fn(f"{head}: skipped (finished)")
+      continue
+    resumed = os.path.exists(os.path.join(run.workdir, "metrics.jsonl"))
+    print_fn(f"{head}: {'resuming' if resumed else 'running'} ({steps} steps, log "
+             f"{os.path.join(run.workdir, 'sweep.log')})")
+    t0 = time.time()
+    rc = execute(cmd, os.path.join(run.workdir, "sweep.log"))
+    dt = time.time() - t0
+    if rc == 0 and finished(run, steps):
+      print_fn(f"{head}: done in {dt:.0f} s{_summary_line(run)}")
+    else:
+      failed.append(run)
+      print_fn(f"{head}: FAILED (exit {rc}) after {dt:.0f} s; see "
+               f"{os.path.join(run.workdir, 'sweep.log')}")
+  return failed
+
+
+def report_command(config_path: str, workdir_arg: str | None) -> str:
+  """The command line that regenerates the report (what the report prints at its top)."""
+  cmd = f"python -m jaxreplay.sweep --config {config_path}"
+  if workdir_arg:
+    cmd += f" --workdir {workdir_arg}"
+  return cmd + " --report-only"
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog="python -m jaxreplay.sweep",
+                              description=__doc__.split("\n")[0])
+  p.add_argument("--config", required=True, help="sweep file with get_config()")
+  p.add_argument("--workdir", help="the sweep's directory (default: the file's workdir)")
+  p.add_argument("--only", help="run only the runs whose NAME/seedK matches this regex "
+                                "(the report still reads every run present)")
+  p.add_argument("--report-only", action="store_true", help="skip the grid; write the report")
+  p.add_argument("--dry-run", action="store_true", help="print each run's command and stop")
+  a = p.parse_args(argv)
+  try:
+    sweep = load_sweep(a.config)
+    workdir = os.path.abspath(a.workdir or sweep["workdir"])
+    failed = []
+    if not a.report_only:
+      print(f"sweep {a.config}: {len(sweep['configurations'])} configurations × "
+            f"{len(sweep['seeds'])} seeds in {workdir}", flush=True)
+      t0 = time.time()
+      failed = run_grid(sweep, workdir, a.only, a.dry_run)
+      if a.dry_run:
+        return 0
+      print(f"grid finished in {(time.time() - t0) / 60:.1f} min"
+            + (f"; {len(failed)} run(s) failed" if failed else ""), flush=True)
+  except SweepError as e:
+    print(f"jaxreplay.sweep: {e}", file=sys.stderr)
+    return 2
+  from jaxreplay import report  # matplotlib, scipy and jax load only for the report
+  paths = report.write_report(sweep, workdir, report_command(a.config, a.workdir))
+  print("report: " + ", ".join(paths[:1]) + f" (+{len(paths) - 1} figures)")
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
