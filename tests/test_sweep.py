@@ -94,7 +94,7 @@ def test_plan_and_command():
   cmd = sweep.command(s, runs[1], "/w")
   assert cmd[1:3] == ["-m", "jaxreplay.main"] and "--config.seed=0" in cmd
   assert "--config.warmstart.cache_dir=/w/base_policies" in cmd
-  assert "--config.rollout.per_step=32" in cmd and "--config.train.steps=240" in cmd
+  assert "--config.rollout.per_step=32" in cmd and "--config.train.steps=200" in cmd
   assert sweep.format_value(True) == "True" and sweep.format_value((0, 1)) == "(0, 1)"
   # equal generation budgets: every configuration generates STEPS·B rollouts
   gen = {c["name"]: c["overrides"]["rollout.per_step"] * c["overrides"]["train.steps"]

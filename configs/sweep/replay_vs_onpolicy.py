@@ -28,15 +28,19 @@ Sizing (measured on the 2-core CPU machine, configs/small.py model, B = 64, shar
 with other jobs): about 0.11 s per learner step of training, 0.03–0.06 s of generation per
 step (R = 8..64), 0.8 s per evaluation (210 held-out examples × (1 greedy + 4 sampled)), and
 about 45–60 s per run of start-up, compilation, the first evaluation and checkpoints; a warm
-start of 400 steps takes ~75 s once per seed. With STEPS = 120 that is roughly 5.7·STEPS ≈
-11 min of learner steps per seed plus ~12 min of per-run overhead: ~70–80 min for 3 seeds.
+start of 400 steps takes ~75 s once per seed. Per seed, the 14 configurations take
+~5.65·STEPS s of learner steps (Σ y·STEPS steps), 14 × 11 evaluations and 14 × ~55 s of
+per-run overhead: with STEPS = 100, ~9.5 + 2.5 + 13 + 1.3 ≈ 26 min per seed, ~75–80 min for
+3 seeds (the per-run overhead is half of it; STEPS = 120 gives ~83 min). Learning at this
+size is slow (0.176 → ~0.20 sampled in 40 on-policy steps at lr 3e-4; lr 1e-3 collapsed):
+check that on-policy plateaus (run ``--only '^onpolicy/seed0$'`` first) before the rest.
 """
 
 from ml_collections import config_dict
 
 B = 64            # train.batch_size, every configuration
-STEPS = 120       # on-policy learner steps; a configuration at replay ratio y runs y·STEPS
-EVAL_EVERY = 12   # on-policy steps between evaluations (y·EVAL_EVERY at replay ratio y)
+STEPS = 100       # on-policy learner steps; a configuration at replay ratio y runs y·STEPS
+EVAL_EVERY = 10   # on-policy steps between evaluations (y·EVAL_EVERY at replay ratio y)
 
 
 def fifo(x: int, y: int, **extra) -> dict:
