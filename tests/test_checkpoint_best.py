@@ -10,6 +10,7 @@ import numpy as np
 
 from jaxreplay.config import load_config
 from jaxreplay.train import checkpoint as ckpt
+from jaxreplay.train import build as build_lib
 from jaxreplay.train import loop
 from jaxreplay.train.metrics import read_metrics
 
@@ -67,12 +68,12 @@ def test_trainer_keeps_best_and_resumes_from_latest(tmp_path, monkeypatch):
   # Held-out accuracies are scripted (the real evaluation runs; acc_sampled is replaced)
   # so that the best step is not the last one. Call 0 is the evaluation before RL.
   script = iter([0.9, 0.3, 0.6, 0.2, 0.5, 0.55, 0.7])
-  real = loop.evaluate
+  real = build_lib.evaluate
 
   def scripted(*a, **k):
     return dict(real(*a, **k), acc_sampled=next(script))
 
-  monkeypatch.setattr(loop, "evaluate", scripted)
+  monkeypatch.setattr(build_lib, "evaluate", scripted)
   wd = tmp_path / "run"
   s = loop.run(tiny_config(wd, tmp_path / "cache", **{"train.steps": 4}), log=lambda *_: None)
   best_dir = wd / "checkpoints_best"

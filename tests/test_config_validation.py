@@ -96,6 +96,7 @@ def test_group_size_one_is_fine_without_a_group_baseline():
 
 def test_bad_mesh_fails_in_run_before_any_compute(tmp_path, monkeypatch):
   """``run`` raises the ConfigError before it builds a task, tokenizer or model."""
+  from jaxreplay.train import build as build_lib
   from jaxreplay.train import loop
   c = _default(**{"mesh.data": 3})
   c.workdir = str(tmp_path / "wd")
@@ -103,6 +104,6 @@ def test_bad_mesh_fails_in_run_before_any_compute(tmp_path, monkeypatch):
   def boom(*_a, **_k):
     raise AssertionError("reached the task builder")
 
-  monkeypatch.setattr(loop, "make_task", boom)
+  monkeypatch.setattr(build_lib, "make_task", boom)
   with pytest.raises(ConfigError, match="config.mesh="):
     loop.run(c, log=lambda *_: None)

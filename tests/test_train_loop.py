@@ -10,7 +10,7 @@ from flax import nnx
 from jaxreplay.models import Transformer, TransformerConfig
 from jaxreplay.rollout import Rollout
 from jaxreplay.sampling import generate
-from jaxreplay.train.loop import kl_reward_penalty
+from jaxreplay.train.generation import kl_reward_penalty
 
 V = 32
 
@@ -77,13 +77,14 @@ def test_crashing_hanging_or_nan_rewards_score_zero_and_are_counted():
 
 
 def test_simulated_async_generates_with_the_version_lag_steps_ago():
-  from jaxreplay.train.loop import behaviour_params, behaviour_version
-  assert [behaviour_version(t, "simulated_async", 2) for t in range(5)] == [0, 0, 0, 1, 2]
-  assert [behaviour_version(t, "sync", 2) for t in range(3)] == [0, 1, 2]
-  state = type("S", (), {"params": "current"})()
-  assert behaviour_params(["oldest", "newer"], state, "simulated_async") == "oldest"
-  assert behaviour_params([], state, "simulated_async") == "current"  # lag 0 is sync
-  assert behaviour_params(["oldest"], state, "sync") == "current"
+  from jaxreplay.train.lagged import advance_ring, behaviour_params, behaviour_version
+  assert [behaviour_version(t, lag=2) for t in range(5)] == [0, 0, 0, 1, 2]
+  assert [behaviour_version(t, lag=0) for t in range(3)] == [0, 1, 2]  # sync is lag 0
+  assert behaviour_params(("oldest", "newer"), "current") == "oldest"
+  assert behaviour_params((), "current") == "current"  # lag 0 is sync
+  ring = advance_ring((jnp.zeros(1), jnp.ones(1)), jnp.full(1, 2.0))
+  assert [float(x[0]) for x in ring] == [1.0, 2.0]
+  assert advance_ring((), jnp.zeros(1)) == ()
 
 
 def test_async_generator_inserts_within_the_limiter_and_stops_when_blocked():
@@ -92,18 +93,23 @@ def test_async_generator_inserts_within_the_limiter_and_stops_when_blocked():
   from jaxreplay import replay
   from jaxreplay.replay import rate_limiter as rate_lib
   from jaxreplay.rollout import empty_rollout
-  from jaxreplay.train.loop import AsyncGenerator, make_inserter
+  from jaxreplay.train.actor_learner import AsyncGenerator
+  from jaxreplay.train.generation import Generation
+  from jaxreplay.train.learner import make_inserter
+  from jaxreplay.train.ledger import Ledger
   r, b = 4, 8
   lim = rate_lib.RateLimiter(samples_per_insert=2.0, min_size_to_sample=b, error_buffer=16.0)
 
-  def produce(params, ref, version, key):
+  def produce(params, ref, version, position, key):
     ro = empty_rollout(r, 3).replace(completion_mask=jnp.ones((r, 3), bool),
                                      policy_version=jnp.full((r,), version, jnp.int32))
-    return ro, {"reward": 1.0}, {"generated_rollouts": r}
+    return ro, Generation(Ledger(generated_rollouts=r), {"reward": 1.0}, position + r // 2)
 
-  gen = AsyncGenerator(produce, make_inserter(r), lim, rate_lib.init(),
-                       replay.init(empty_rollout(1, 3), 32), {"w": jnp.zeros(2)}, None, 0,
-                       r, b, jax.random.key(0), 5.0, 0).start()
+  gen = AsyncGenerator(produce=produce, insert=make_inserter(r), limiter=lim,
+                       limiter_state=rate_lib.init(), buffer=replay.init(empty_rollout(1, 3), 32),
+                       position=0, params={"w": jnp.zeros(2)}, ref_params=None, version=0,
+                       insert_size=r, sample_size=b, key=jax.random.key(0), timeout_s=5.0,
+                       learner_step=0).start()
   try:
     with gen.cond:
       gen.wait_for_sample()
@@ -115,7 +121,7 @@ def test_async_generator_inserts_within_the_limiter_and_stops_when_blocked():
     with gen.cond:
       # offset = 2·8 = 16, e = 16: inserts stop once 2·I > 32, i.e. at I = 16 (4 chunks)
       assert int(gen.limiter_state.inserted) == 16 and int(gen.buffer.size) == 16
-      assert gen.take()[1] == {"generated_rollouts": 16, "evicted_unused_rollouts": 0,
-                               "evicted_unused_tokens": 0}
+      assert gen.take()[1] == Ledger(generated_rollouts=16)  # nothing overwritten unused
+      assert gen.position == 8  # 4 chunks of 2 prompts
   finally:
     assert gen.stop(timeout_s=5.0)

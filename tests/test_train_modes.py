@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from jaxreplay.config import ConfigError, validate
-from jaxreplay.train import loop as loop_lib
+from jaxreplay.train import generation as generation_lib
+from jaxreplay.train import metrics as metrics_lib
 from jaxreplay.train.loop import run
 from jaxreplay.train.metrics import read_metrics
 from test_train_e2e import _strip, apply_overrides, small_config  # noqa: E402
@@ -133,7 +134,7 @@ def test_async_staleness_replay_ratio_and_clean_shutdown(cache_dir, tmp_path):
 
 def test_async_generator_failure_is_raised_and_the_thread_joined(cache_dir, tmp_path,
                                                                  monkeypatch):
-  real, calls = loop_lib.generate_rollouts, []
+  real, calls = generation_lib.generate_rollouts, []
 
   def flaky(*a, **k):
     calls.append(1)
@@ -141,7 +142,7 @@ def test_async_generator_failure_is_raised_and_the_thread_joined(cache_dir, tmp_
       raise ValueError("sampler exploded")
     return real(*a, **k)
 
-  monkeypatch.setattr(loop_lib, "generate_rollouts", flaky)
+  monkeypatch.setattr(generation_lib, "generate_rollouts", flaky)
   c = tiny_config(tmp_path / "f", cache_dir, **{"train.mode": "async", "train.steps": 50,
                                                  "eval.every": 0, "checkpoint.every": 0,
                                                  "train.async_timeout_s": 60.0})
@@ -151,14 +152,14 @@ def test_async_generator_failure_is_raised_and_the_thread_joined(cache_dir, tmp_
 
 
 def test_async_learner_failure_stops_the_generator(cache_dir, tmp_path, monkeypatch):
-  real = loop_lib.MetricWriter.write
+  real = metrics_lib.MetricWriter.write
 
   def write(self, step, metrics):
     if step == 2:
       raise OSError("disk full")
     return real(self, step, metrics)
 
-  monkeypatch.setattr(loop_lib.MetricWriter, "write", write)
+  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write)
   c = tiny_config(tmp_path / "g", cache_dir, **{"train.mode": "async", "train.steps": 50,
                                                  "eval.every": 0, "checkpoint.every": 0})
   with pytest.raises(OSError, match="disk full"):

@@ -1,7 +1,7 @@
 """Prompt batches from a task split via grain: shuffled, repeated, indexable by position.
 
-The data position is one integer (examples consumed), so a checkpoint stores it and
-resumes exactly.
+The data position is one integer (examples consumed), carried by the loop and stored in
+each checkpoint, so a resumed run reads exactly the prompts an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -14,20 +14,16 @@ from jaxreplay.tasks.base import Example
 
 
 class PromptStream:
-  """Deterministic infinite stream of examples: ``grain.MapDataset`` shuffle + repeat.
+  """Deterministic infinite sequence of examples: ``grain.MapDataset`` shuffle + repeat.
 
-  Attributes:
-    position: number of examples consumed so far.
+  Stateless: the caller holds the data position and passes it to ``take``.
   """
 
-  def __init__(self, examples: Sequence[Example], seed: int, position: int = 0):
+  def __init__(self, examples: Sequence[Example], seed: int):
     if not examples:
       raise ValueError("the task's train split is empty")
     self._ds = grain.MapDataset.source(list(examples)).shuffle(seed=seed).repeat()
-    self.position = position
 
-  def next(self, n: int) -> list[Example]:
-    """The next ``n`` examples; advances ``position`` by ``n``."""
-    out = [self._ds[self.position + i] for i in range(n)]
-    self.position += n
-    return out
+  def take(self, position: int, n: int) -> list[Example]:
+    """The ``n`` examples at data positions ``position .. position + n − 1``."""
+    return [self._ds[position + i] for i in range(n)]

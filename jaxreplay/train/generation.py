@@ -1,0 +1,157 @@
+"""GENERATE: R = P·G rollouts from the behaviour policy, scored, with group advantages.
+
+``generate_rollouts`` is host code around the jitted sampler: it reads prompts at a data
+position, samples G completions each, scores them with the task's verifiable reward and
+computes the group advantages at generation time (Arnal et al. 2026, §3: advantages are
+fixed when a rollout enters the buffer). It returns what it produced and what it cost as
+values; the caller adds the ``Ledger`` increment and moves the data position.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxreplay.rl.advantages import compute_advantages
+from jaxreplay.rl.losses import kl_penalised_rewards
+from jaxreplay.rl.update import token_logprobs
+from jaxreplay.rollout import Rollout
+from jaxreplay.sampling import generate
+from jaxreplay.train import accounting
+from jaxreplay.train.ledger import Ledger
+from jaxreplay.train.policy import score
+
+
+class Generation(NamedTuple):
+  """What one call of ``generate_rollouts`` produced besides the rollouts.
+
+  Attributes:
+    ledger: the ``Ledger`` increment (tokens, rollouts, failures, skips, FLOPs).
+    metrics: host floats ``reward``, ``frac_mixed_groups``, ``completion_len``,
+      ``truncated_frac`` (means over the R rollouts).
+    position: the data position after the prompts this call consumed.
+  """
+
+  ledger: Ledger
+  metrics: dict
+  position: int
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "beta", "estimator",
+                                             "top_k", "top_p"))
+def kl_reward_penalty(graphdef, ref_params, rollout: Rollout, *, temperature: float, beta: float,
+                      estimator: str, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+  """Rewards minus β·Σ_t KL_t(behaviour ‖ reference) per rollout (``algo.kl_mode='reward'``).
+
+  The per-token KL estimate uses the stored behaviour log-probs and the frozen
+  reference's log-probs of the same tokens (Ziegler et al. 2019, eq. 2; see
+  ``rl.losses.kl_penalised_rewards``). Applied at generation time, before the group
+  advantages.
+
+  Args:
+    graphdef: the policy's NNX graph (static). ref_params: the frozen reference's state.
+    rollout: [N, T] rollouts with behaviour log-probs. temperature, top_k, top_p: the
+      sampler's (static). beta: KL coefficient β >= 0. estimator: 'k1', 'k2' or 'k3'.
+
+  Returns:
+    [N] float32 penalised rewards.
+  """
+  ref_logp, _ = token_logprobs(graphdef, ref_params, rollout.tokens, rollout.attention_mask,
+                               temperature, top_k, top_p)
+  return kl_penalised_rewards(rollout.rewards, rollout.behaviour_logprobs, ref_logp,
+                              rollout.completion_mask, beta, estimator)
+
+
+def _fitting_prompts(io, stream, position: int, p: int) -> tuple[list, int, int]:
+  """P prompts from ``position`` on, skipping those ``io`` rejects as too long.
+
+  Returns:
+    (examples, prompts skipped, new position).
+  """
+  examples, skipped = [], 0
+  while len(examples) < p:
+    ex = stream.take(position, p - len(examples))
+    position += len(ex)
+    _, _, keep = io.prompts(ex)
+    examples += [e for e, k in zip(ex, keep) if k]
+    skipped += int((~keep).sum())
+  return examples, skipped, position
+
+
+def generate_rollouts(cfg, io, task, graphdef, params, stream, position: int, key,
+                      version: int, ref_params=None, cost: accounting.ModelCost | None = None,
+                      mesh=None) -> tuple[Rollout, Generation]:
+  """Generates, scores and groups R = P·G rollouts with the behaviour policy (host + jit).
+
+  Reads P = R/G prompts from ``stream`` at ``position`` (skipping, and counting, prompts
+  that do not fit when ``task.on_too_long='skip'``), samples G completions each, scores
+  them with the task's reward (a raising or timed-out reward counts as 0), and computes
+  the group advantages — after the KL reward penalty when ``algo.kl_mode='reward'``.
+
+  Args:
+    cfg: the config (``rollout``, ``sampler``, ``task``, ``algo`` sections).
+    io: ``TextIO`` (prompt tokens, decoding, stop and pad ids). task: the reward source.
+    graphdef, params: the behaviour policy. stream: ``PromptStream``.
+    position: int, data position of the first prompt. key: PRNG key of the sampler.
+    version: int, the policy version stamped on every rollout.
+    ref_params: the frozen reference, used only for the KL reward penalty.
+    cost: the model's FLOP parameters, or None (no FLOP counts).
+    mesh: optional mesh; the prompt batch splits over its ``data × fsdp`` axes.
+
+  Returns:
+    (``Rollout`` with R rows of width ``task.prompt_width + sampler.max_new_tokens``,
+     ``Generation``).
+  """
+  g = cfg.rollout.group_size
+  p = cfg.rollout.per_step // g
+  examples, skipped, position = _fitting_prompts(io, stream, position, p)
+  first_group = position - p
+  toks, mask, _ = io.prompts(examples)
+  toks, mask = np.repeat(toks, g, 0), np.repeat(mask, g, 0)
+  gen = generate(graphdef, params, toks, mask, key, max_new_tokens=cfg.sampler.max_new_tokens,
+                 temperature=cfg.sampler.temperature, top_k=cfg.sampler.top_k,
+                 top_p=cfg.sampler.top_p, eos_ids=io.eos_ids, pad_id=io.pad_id,
+                 mesh=mesh)
+  rep = [e for e in examples for _ in range(g)]
+  rewards, failures = score(task, io.decode(gen.tokens, gen.mask), rep,
+                            cfg.task.reward_timeout_s or None)
+  n = p * g
+  zeros = np.zeros_like(mask)
+  rollout = Rollout(
+      tokens=jnp.concatenate([toks, gen.tokens], 1),
+      attention_mask=jnp.concatenate([mask, gen.mask], 1),
+      completion_mask=jnp.concatenate([zeros, gen.mask], 1),
+      behaviour_logprobs=jnp.concatenate([np.zeros(mask.shape, np.float32), gen.logprobs], 1),
+      rewards=jnp.asarray(rewards), advantages=jnp.zeros((n,), jnp.float32),
+      group_id=jnp.asarray(np.repeat(np.arange(first_group, first_group + p), g), jnp.int32),
+      policy_version=jnp.full((n,), version, jnp.int32), truncated=gen.truncated)
+  shaped = rewards
+  if ref_params is not None and cfg.algo.kl_mode == "reward" and cfg.algo.advantage != "gae":
+    shaped = np.asarray(kl_reward_penalty(
+        graphdef, ref_params, rollout, temperature=cfg.sampler.temperature,
+        beta=cfg.algo.kl_coef, estimator=cfg.algo.kl_estimator, top_k=cfg.sampler.top_k,
+        top_p=cfg.sampler.top_p))
+  r_pg = rewards.reshape(p, g)
+  adv = np.asarray(compute_advantages(jnp.asarray(shaped.reshape(p, g)), cfg.algo.advantage))
+  rollout = rollout.replace(advantages=jnp.asarray(adv.reshape(-1), jnp.float32))
+  lengths = np.asarray(gen.length)
+  truncated = np.asarray(gen.truncated)
+  spread = r_pg.max(1) > r_pg.min(1)
+  flops = 0.0 if cost is None else float(
+      accounting.generation_flops(cost, cfg.task.prompt_width, lengths.astype(np.float64)).sum())
+  ledger = Ledger(generated_tokens=int(lengths.sum()), generated_rollouts=n,
+                  zero_adv_group_tokens=int(lengths.reshape(p, g)[~spread].sum()),
+                  truncated_tokens=int(lengths[truncated].sum()), generation_flops=flops,
+                  reward_failures=failures, prompts_skipped=skipped)
+  metrics = {"reward": float(rewards.mean()), "frac_mixed_groups": float(spread.mean()),
+             "completion_len": float(lengths.mean()), "truncated_frac": float(truncated.mean())}
+  return rollout, Generation(ledger, metrics, position)
+
+
+def mean_metrics(ms: list[dict]) -> dict:
+  """Key-wise mean of generation metric dicts (an empty list gives an empty dict)."""
+  return {k: float(np.mean([m[k] for m in ms])) for k in ms[0]} if ms else {}

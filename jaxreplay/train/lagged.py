@@ -1,0 +1,113 @@
+"""The lagged strategy: one process, generation from the policy ``lag`` versions back.
+
+Each learner step t (Arnal et al. 2026, §4):
+  GENERATE  R = P·G rollouts with the parameters of version max(t − lag, 0), scored, with
+            group advantages;
+  INSERT    them into the FIFO buffer (capacity N), oldest overwritten;
+  SAMPLE + UPDATE  B items from the buffer and one off-policy update (importance ratio
+            against the stored behaviour log-probs), fused in one jitted call;
+  RECORD    ledger, metrics, evaluation, checkpoint.
+
+``sync`` is lag 0 (the paper's theory model: generate with the current policy, then
+train); ``simulated_async`` with ``train.lag = L`` gives the staleness of an
+asynchronous system bit-reproducibly. The ring of the last ``lag`` parameter snapshots is
+part of the carry (and of the checkpoint), so resuming continues the same trajectory.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+from tqdm import tqdm
+
+from jaxreplay.train import generation
+from jaxreplay.train.carry import Carry
+from jaxreplay.train.ledger import Ledger
+from jaxreplay.train.record import record_step
+
+
+def behaviour_params(ring: tuple, params):
+  """The parameters that generate this step's rollouts: the oldest snapshot of the ring
+  (``lag`` steps old; the starting parameters while fewer than ``lag`` steps have been
+  taken), or ``params`` (the current ones) when the ring is empty (lag 0)."""
+  return ring[0] if ring else params
+
+
+def behaviour_version(step: int, lag: int) -> int:
+  """Policy version stamped on the rollouts generated at learner step ``step``:
+  max(step − lag, 0)."""
+  return max(step - lag, 0)
+
+
+def advance_ring(ring: tuple, params) -> tuple:
+  """The ring for the next step: drops the oldest snapshot, appends a copy of ``params``
+  (a fresh device copy: the learner step donates ``params``' buffers)."""
+  return ring[1:] + (jax.tree.map(jnp.copy, params),) if ring else ring
+
+
+def generate_and_insert(run, carry: Carry, step: int, key) -> tuple[Carry, dict]:
+  """GENERATE + INSERT of learner step ``step``: R rollouts from the behaviour policy
+  (``behaviour_params``, ``behaviour_version``) added to the buffer.
+
+  Args:
+    run: the ``build.Run``. carry: the carry before the step. step: t.
+    key: PRNG key of the sampler.
+
+  Returns:
+    (the carry with buffer, ledger and data position advanced; generation metrics).
+  """
+  cfg = run.cfg
+  params = behaviour_params(carry.ring, carry.state.params)
+  version = behaviour_version(step, run.lag)
+  # After this many rounds the whole buffer holds rollouts of this step: if the sampler
+  # still cannot draw a batch, no amount of generation will let it.
+  rollout, gen = generation.generate_rollouts(
+      cfg, run.io, run.task, run.graphdef, params, run.stream, carry.position, key, version,
+      carry.state.ref_params, run.cost, run.mesh)
+  buffer, lost = run.insert(carry.buffer, rollout, jnp.int32(step))
+  carry = carry.replace(buffer=buffer, position=gen.position, ledger=carry.ledger + gen.ledger
+                        + Ledger(evicted_unused_rollouts=int(lost[0]),
+                                 evicted_unused_tokens=int(lost[1])))
+  return carry, gen.metrics
+
+
+def train_lagged(run, carry: Carry) -> Carry:
+  """Learner steps ``carry.step .. train.steps − 1`` of the lagged strategy.
+
+  Args:
+    run: the ``build.Run`` (``run.lag`` is the version lag). carry: the starting carry.
+
+  Returns:
+    The carry after the last step.
+
+  Raises:
+    RuntimeError: ``algo.max_consecutive_skips`` non-finite updates in a row.
+  """
+  cfg = run.cfg
+  bar = tqdm(range(carry.step, cfg.train.steps), initial=carry.step, total=cfg.train.steps,
+             disable=not cfg.log.progress, dynamic_ncols=True)
+  for step in bar:
+    key_gen, key_sample = jax.random.split(jax.random.fold_in(carry.key, step))
+    t0 = time.time()
+
+    # --- GENERATE with the policy of version t − lag, then INSERT --------------------------
+    carry, gen_metrics = generate_and_insert(run, carry, step, key_gen)
+    t1 = time.time()
+    ring = advance_ring(carry.ring, carry.state.params)  # versions t − lag + 1 .. t
+
+    # --- SAMPLE + UPDATE -------------------------------------------------------------------
+    state, buffer, metrics = run.learner_step(carry.state, carry.buffer, key_sample)
+    metrics = jax.device_get(metrics)
+    t2 = time.time()
+
+    # --- RECORD ----------------------------------------------------------------------------
+    timers = carry.timers.replace(generate_s=carry.timers.generate_s + t1 - t0,
+                                  train_s=carry.timers.train_s + t2 - t1)
+    carry = carry.replace(state=state, buffer=buffer, ring=ring, timers=timers, step=step + 1)
+    carry = record_step(run, carry, metrics, gen_metrics)
+    bar.set_postfix(reward=f"{gen_metrics['reward']:.2f}",
+                    acc=f"{carry.last_eval['acc_sampled']:.2f}", refresh=False)
+  bar.close()
+  return carry

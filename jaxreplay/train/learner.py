@@ -1,0 +1,93 @@
+"""INSERT and SAMPLE + UPDATE: the buffer's pure functions fused with the learner into jits.
+
+``make_inserter`` wraps ``replay.add`` with the ledger's count of items overwritten before
+any use; ``make_learner_step`` fuses ``replay.sample`` with ``rl.train_step`` so a learner
+step is one compiled call with the train state and the buffer donated (PureJaxRL's shape:
+the hot path is one jitted function assembled from pure pieces of ``replay`` and ``rl``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxreplay import replay
+from jaxreplay.parallel import sharding as sharding_lib
+from jaxreplay.replay import stats as replay_stats
+from jaxreplay.rl.update import TrainState
+from jaxreplay.train import accounting
+
+
+def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerConfig,
+                      cost: accounting.ModelCost | None = None, prompt_len: int = 0,
+                      epochs: int = 1, mesh=None, state_sharding=None,
+                      buffer_sharding=None):
+  """Fuses buffer sampling and the update into one jitted function (state, buffer donated).
+
+  The sampler's importance weights (uniform: all 1) and each item's staleness go to
+  the train step; the batch statistics the paper plots come back in the metrics.
+
+  Args:
+    train_step: from ``rl.train_step.make_train_step``. batch_size: B. sampler_cfg: static.
+    cost: the model's FLOP parameters; with it the metrics carry ``training_flops``.
+    prompt_len: P, prompt width in tokens (FLOP estimate). epochs: ``algo.update_epochs``.
+    mesh: optional mesh: the sampled batch is constrained to split over ``data × fsdp``.
+    state_sharding, buffer_sharding: optional sharding pytrees the returned state and
+      buffer keep (the layout they were placed with).
+
+  Returns:
+    ``learner_step(state, buffer, key) -> (state, buffer, metrics)``; metrics are
+    scalars except ``staleness_hist`` / ``steps_since_last_use_hist`` ([16] int32).
+    ``trained_tokens`` counts completion tokens with reuse; ``first_use_tokens`` those
+    of items drawn for the first time (the "trained on at least once" ledger).
+  """
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def learner_step(state: TrainState, buffer: replay.BufferState, key):
+    never_used = buffer.valid & (buffer.times_sampled == 0)
+    buffer, s = replay.sample(buffer, key, batch_size, state.step, state.step, sampler_cfg)
+    if mesh is not None:  # the batch splits over the batch axes (data × fsdp)
+      s = s.replace(items=jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
+          x, sharding_lib.batch_sharding(mesh, x.ndim, batch_size)), s.items))
+    first_use = never_used & (buffer.times_sampled > 0)  # per slot: a duplicate counts once
+    state, metrics = train_step(state, s.items, s.weights, s.staleness)
+    if state_sharding is not None:
+      state = jax.lax.with_sharding_constraint(state, state_sharding)
+    if buffer_sharding is not None:
+      buffer = jax.lax.with_sharding_constraint(buffer, buffer_sharding)
+    metrics.update(replay_stats.batch_stats(s))
+    lengths = s.items.completion_mask.sum(-1, dtype=jnp.int32)
+    metrics.update(trained_tokens=lengths.sum(),
+                   batch_reward=s.items.rewards.mean(),
+                   first_use_tokens=jnp.where(
+                       first_use, buffer.items.completion_mask.sum(-1, dtype=jnp.int32), 0).sum())
+    if cost is not None:
+      metrics["training_flops"] = accounting.training_flops(cost, prompt_len, lengths,
+                                                            epochs).sum()
+    return state, buffer, metrics
+
+  return learner_step
+
+
+def make_inserter(n: int, buffer_sharding=None):
+  """Builds ``insert(buffer, rollout, step) -> (buffer, lost)`` (jitted, buffer donated).
+
+  Args:
+    n: R, rollouts per insert (static). buffer_sharding: optional sharding pytree the
+      returned buffer keeps.
+
+  Returns:
+    The function. ``lost`` is ``(rollouts, tokens)``, int32 scalars, of the slots the add
+    overwrites before they were ever sampled (``accounting.unused_overwritten``),
+    counted before the add.
+  """
+
+  @functools.partial(jax.jit, donate_argnums=(0,),
+                     out_shardings=None if buffer_sharding is None else (buffer_sharding, None))
+  def insert(buffer, rollout, step):
+    lost = accounting.unused_overwritten(buffer, n)
+    return replay.add(buffer, rollout, rollout.policy_version, step), lost
+
+  return insert

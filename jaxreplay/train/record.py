@@ -1,0 +1,96 @@
+"""RECORD: after each learner step, the ledger, the metric record, evaluation and checkpoints.
+
+``record_step`` takes the carry after a step and returns the next one; it is the only
+place that writes run files during the loop (``metrics.jsonl``, TensorBoard, the latest
+and best checkpoints).
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+from jaxreplay.train import accounting
+from jaxreplay.train import carry as carry_lib
+from jaxreplay.train import checkpoint as ckpt_lib
+from jaxreplay.train.carry import Carry
+from jaxreplay.train.ledger import Ledger
+
+HISTOGRAMS = ("staleness_hist", "steps_since_last_use_hist")
+
+
+def learner_ledger(metrics: dict, batch_size: int) -> tuple[Ledger, dict]:
+  """Splits a learner step's host metrics into its ``Ledger`` increment and the rest.
+
+  Args:
+    metrics: the learner step's metrics after ``jax.device_get`` (numpy scalars).
+    batch_size: B, samples trained on per step.
+
+  Returns:
+    (``Ledger`` with trained tokens / samples, first-use tokens and training FLOPs;
+     the remaining metrics, a new dict).
+  """
+  rest = dict(metrics)
+  inc = Ledger(trained_tokens=int(rest.pop("trained_tokens")),
+               first_use_tokens=int(rest.pop("first_use_tokens")),
+               training_flops=float(rest.pop("training_flops")), trained_samples=batch_size)
+  return inc, rest
+
+
+def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
+                extra: dict | None = None) -> Carry:
+  """Books learner step ``carry.step`` (steps completed, counting this one).
+
+  Adds the learner's ledger increment, stops a run of non-finite updates, writes one
+  metric record, evaluates on the held-out split every ``eval.every`` steps and at the
+  end (keeping the best checkpoint), runs the drift monitor every ``drift.every`` steps
+  and saves a checkpoint every ``checkpoint.every`` steps and at the end.
+
+  Args:
+    run: the ``build.Run``. carry: the carry after the step.
+    metrics: the learner step's metrics (host values). gen_metrics: generation metrics of
+      the rollouts inserted for this step (host floats; may be empty in ``async``).
+    extra: further record entries (``async``: limiter counters).
+
+  Returns:
+    The carry with the ledger, timers, evaluation, best checkpoint and skip count updated.
+
+  Raises:
+    RuntimeError: ``algo.max_consecutive_skips`` non-finite updates in a row.
+  """
+  cfg, done = run.cfg, carry.step
+  inc, metrics = learner_ledger(metrics, cfg.train.batch_size)
+  ledger = carry.ledger + inc
+  skips = carry.skips + 1 if metrics["skipped_update"] else 0
+  if skips >= cfg.algo.max_consecutive_skips:
+    raise RuntimeError(f"{skips} consecutive non-finite updates at step {done - 1}; "
+                       "lower algo.lr or check the data")
+  hists = {k: metrics.pop(k).tolist() for k in HISTOGRAMS}
+  counts, timers = ledger.as_dict(), carry.timers
+  derived = accounting.summarize(counts, timers.as_dict())
+  record = {**gen_metrics, **{k: float(v) for k, v in metrics.items()}, **counts, **hists,
+            "replay_ratio": ledger.trained_samples / max(ledger.generated_rollouts, 1),
+            "buffer_size": int(carry.buffer.size), **timers.as_dict(), **(extra or {}),
+            # deterministic in the lagged strategy; the time-based μ, γ are in the summary
+            **{k: v for k, v in derived.items() if k.endswith("_flops")}}
+  last_eval, best = carry.last_eval, carry.best
+  if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps:
+    t0 = time.time()
+    last_eval = run.evaluate(carry.state.params,
+                             key=jax.random.fold_in(carry_lib.eval_key(carry), done))
+    timers = timers.replace(eval_s=timers.eval_s + time.time() - t0)
+    record.update({f"eval/{k}": v for k, v in last_eval.items()})
+    if run.best_manager is not None and cfg.checkpoint.every:
+      best = ckpt_lib.save_best(run.best_manager, best, done, {"train": carry.state}, last_eval)
+  if run.drift is not None and done % cfg.drift.every == 0:
+    record.update({k: float(v) for k, v in jax.device_get(run.drift(
+        carry.state.params, carry.buffer, jax.random.fold_in(carry_lib.drift_key(carry), done),
+        jnp.int32(done))).items()})
+  run.writer.write(done, record)
+  carry = carry.replace(ledger=ledger, timers=timers, last_eval=last_eval, best=best,
+                        skips=skips)
+  if cfg.checkpoint.every and (done % cfg.checkpoint.every == 0 or done == cfg.train.steps):
+    carry_lib.save(run, carry)
+  return carry
