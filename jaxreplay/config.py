@@ -119,6 +119,34 @@ def mesh_shape(cfg, device_count: int | None = None) -> tuple[int, int, int]:
   return tuple(sizes)
 
 
+def _check_eligible_supply(cfg) -> None:
+  """Rejects eviction rules that keep fewer than B items drawable at every learner step.
+
+  In the lagged modes (``sync``: lag L = 0; ``simulated_async``: L = ``train.lag``) the
+  rollouts of step u carry version u − L, so at step t an age cut-off s
+  (``buffer.max_staleness``) keeps the last s − L + 1 rounds of R: min(N, (s − L + 1)·R)
+  items, none at all when s < L. A use cap k (``buffer.max_times_sampled``) supplies k·R
+  draws per step against B consumed. Either below B, every step would need extra
+  generation to fill its batch (see ``train.lagged.generate_and_insert``), so the config is
+  refused. ``async`` has no fixed lag: its learner waits for B eligible items instead.
+  """
+  mode, buf = cfg.train.mode, cfg.buffer
+  if mode == "async":
+    return
+  b, r, n = cfg.train.batch_size, cfg.rollout.per_step, buf.capacity
+  lag = cfg.train.get("lag", 0) if mode == "simulated_async" else 0
+  s, k = buf.get("max_staleness"), buf.get("max_times_sampled")
+  if s is not None and min(n, (s - lag + 1) * r) < b:
+    _fail("buffer.max_staleness", s,
+          f"keeps min(buffer.capacity, (max_staleness - lag + 1) * rollout.per_step) = "
+          f"{max(min(n, (s - lag + 1) * r), 0)} items drawable (lag {lag} in train.mode="
+          f"{mode!r}), fewer than train.batch_size={b}: raise it or lower the batch size")
+  if k is not None and k * r < b:
+    _fail("buffer.max_times_sampled", k,
+          f"supplies max_times_sampled * rollout.per_step = {k * r} draws per step, fewer than "
+          f"train.batch_size={b}: raise it or lower the batch size")
+
+
 def validate(cfg, device_count: int | None = None) -> None:
   """Checks every field the run uses; raises ``ConfigError`` naming the first bad one.
 
@@ -223,6 +251,7 @@ def validate(cfg, device_count: int | None = None) -> None:
     _fail("eval.temperature", cfg.eval.temperature, "must be > 0 (unset: sampler.temperature)")
   if cfg.checkpoint.max_to_keep < 1:
     _fail("checkpoint.max_to_keep", cfg.checkpoint.max_to_keep, "must be >= 1")
+  _check_eligible_supply(cfg)
   data, fsdp, tensor = mesh_shape(cfg, device_count)
   shards = data * fsdp
   for f in ("train.batch_size", "rollout.per_step", "buffer.capacity"):

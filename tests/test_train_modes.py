@@ -165,3 +165,58 @@ def test_async_learner_failure_stops_the_generator(cache_dir, tmp_path, monkeypa
   with pytest.raises(OSError, match="disk full"):
     run(c, log=_quiet)
   assert not _generator_threads()
+
+
+def _buffer_after(workdir, cache_dir, **kw):
+  """The buffer of the run's latest checkpoint (restored through the trainer's own resume)."""
+  from jaxreplay.train.build import build
+  from jaxreplay.train.carry import resume
+  job, fresh = build(tiny_config(workdir, cache_dir, **kw), log=_quiet)
+  try:
+    return resume(job, fresh).buffer
+  finally:
+    job.writer.close()
+
+
+def test_first_batch_waits_for_b_items_and_every_use_is_counted(cache_dir, tmp_path):
+  """B = 2R: step 0 generates two rounds before its first draw (Reverb's min size), so
+  the no-duplicate batch holds B distinct items and the use counts add up exactly:
+  32 + 16 + 16 = 64 = C rollouts (nothing overwritten), 3 · 32 draws."""
+  kw = {"train.steps": 3, "checkpoint.every": 3, "eval.every": 0}
+  run(tiny_config(tmp_path / "a", cache_dir, **kw), log=_quiet)
+  recs = [r for r in read_metrics(tmp_path / "a") if "staleness_hist" in r]
+  assert [r["generation_rounds"] for r in recs] == [2, 1, 1]
+  assert [r["generated_rollouts"] for r in recs] == [2 * R, 3 * R, 4 * R]
+  assert recs[0]["replay_count_mean"] == 1.0 and recs[0]["frac_never_used"] == 1.0
+  buf = _buffer_after(tmp_path / "a", cache_dir, **kw)
+  used = np.asarray(buf.times_sampled)
+  assert int(buf.size) == C and used.sum() == 3 * B and used.max() <= 3
+
+
+def test_a_batch_with_empty_slots_stops_the_run(cache_dir, tmp_path, monkeypatch):
+  """Were the sampler called without B items (the fill rule bypassed), the step's
+  no-duplicate batch of 32 would repeat 16 of the 16 items: the run stops with an error
+  instead of training on it (and counting uses wrongly)."""
+  from jaxreplay.train import build as build_lib
+  monkeypatch.setattr(build_lib.replay, "can_sample", lambda *a, **k: True)
+  with pytest.raises(RuntimeError, match="drew 16 empty or repeated buffer slots"):
+    run(tiny_config(tmp_path / "e", cache_dir, **{"train.steps": 2, "eval.every": 0}),
+        log=_quiet)
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"buffer.max_staleness": 0}, "buffer.max_staleness=0"),  # keeps R = 16 < B
+    ({"train.mode": "simulated_async", "train.lag": 2, "buffer.max_staleness": 1},
+     "buffer.max_staleness=1"),  # s < lag: every rollout is evicted before its first use
+    ({"buffer.max_times_sampled": 1}, "buffer.max_times_sampled=1"),  # 16 draws < 32
+])
+def test_eviction_rules_that_starve_the_batch_are_rejected(tmp_path, kw, field):
+  with pytest.raises(ConfigError, match=field + r".*train.batch_size=32"):
+    validate(tiny_config(tmp_path, tmp_path, **kw))
+
+
+def test_eviction_rules_that_keep_a_batch_are_accepted(tmp_path):
+  validate(tiny_config(tmp_path, tmp_path, **{"buffer.max_staleness": 1}))  # 2 rounds = B
+  validate(tiny_config(tmp_path, tmp_path, **{"train.mode": "simulated_async",
+                                              "train.lag": 1, "buffer.max_staleness": 2}))
+  validate(tiny_config(tmp_path, tmp_path, **{"buffer.max_times_sampled": 2}))

@@ -51,18 +51,21 @@ class AsyncGenerator:
     insert_size: R. sample_size: B. key: PRNG key of the generator's stream.
     timeout_s: longest the learner waits for a sample before raising.
     learner_step: learner steps completed (stamped as the insertion step).
+    eligible: optional ``(buffer, version) -> bool``, the sampler can draw B eligible
+      items (``replay.can_sample``); the learner also waits for it.
   """
 
   def __init__(self, *, produce: Callable, insert: Callable, limiter: rate_lib.RateLimiter,
                limiter_state: rate_lib.RateLimiterState, buffer, position: int, params,
                ref_params, version: int, insert_size: int, sample_size: int, key: jax.Array,
-               timeout_s: float, learner_step: int):
+               timeout_s: float, learner_step: int,
+               eligible: Callable | None = None):
     self._produce, self._insert, self.limiter = produce, insert, limiter
     self.limiter_state, self.buffer, self.position = limiter_state, buffer, position
     self._weights = (_copy(params), ref_params if ref_params is None else _copy(ref_params),
                      version)
     self._r, self._b, self._key, self._timeout = insert_size, sample_size, key, timeout_s
-    self.learner_step = learner_step
+    self.learner_step, self._eligible = learner_step, eligible
     self.cond = threading.Condition()
     self._stop = False
     self.error: BaseException | None = None
@@ -115,14 +118,16 @@ class AsyncGenerator:
                          f"{self.error}") from self.error
 
   def wait_for_sample(self) -> float:
-    """Blocks (lock held on return) until B items may be sampled; returns seconds waited.
+    """Blocks (lock held on return) until the rate limiter allows a sample and B items are
+    eligible; returns seconds waited.
 
     Raises:
       RuntimeError: the generator failed, or no sample was allowed for ``timeout_s``.
     """
     t0 = time.time()
-    while not rate_lib.can_sample(self.limiter, self.limiter_state, self._b,
-                                  int(self.buffer.size)):
+    while not (rate_lib.can_sample(self.limiter, self.limiter_state, self._b,
+                                   int(self.buffer.size))
+               and (self._eligible is None or self._eligible(self.buffer, self.learner_step))):
       self._check()
       if time.time() - t0 > self._timeout:
         raise RuntimeError(f"async mode: no batch became available in {self._timeout:.0f} s "
@@ -188,7 +193,8 @@ def train_async(run, carry: Carry) -> Carry:
       limiter_state=carry.limiter, buffer=carry.buffer, position=carry.position,
       params=carry.state.params, ref_params=carry.state.ref_params, version=carry.step,
       insert_size=cfg.rollout.per_step, sample_size=b, key=carry_lib.generator_key(carry),
-      timeout_s=cfg.train.async_timeout_s, learner_step=carry.step).start()
+      timeout_s=cfg.train.async_timeout_s, learner_step=carry.step,
+      eligible=run.can_sample).start()
   try:
     for step in bar:
       with gen.cond:

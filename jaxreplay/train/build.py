@@ -59,6 +59,7 @@ class Run:
     evaluate: ``(params, key) -> dict`` held-out accuracy (``train.evaluate``).
     insert: ``(buffer, rollout, step) -> (buffer, lost)`` (``learner.make_inserter``).
     learner_step: ``(state, buffer, key) -> (state, buffer, metrics)``.
+    can_sample: ``(buffer, version) -> bool``: the sampler can draw B eligible items.
     drift: ``(params, buffer, key, version) -> dict``, or None (``drift.every = 0``).
     limiter: the ``RateLimiter`` settings (``async``).
     replicated: a replicated ``NamedSharding`` on ``mesh``.
@@ -81,6 +82,7 @@ class Run:
   evaluate: Callable
   insert: Callable
   learner_step: Callable
+  can_sample: Callable
   drift: Callable | None
   limiter: rate_lib.RateLimiter
   replicated: Any
@@ -210,6 +212,7 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
                                    prompt_len=cfg.task.prompt_width,
                                    epochs=cfg.algo.update_epochs, mesh=mesh,
                                    state_sharding=state_sh, buffer_sharding=buffer_sh)
+  can_sample = jax.jit(functools.partial(replay.can_sample, batch_size=b, cfg=sampler_cfg))
   drift_fn = make_drift_fn(graphdef, cfg.sampler.temperature, cfg.drift.num_samples,
                            tuple(cfg.algo.staleness_buckets), cfg.sampler.top_k,
                            cfg.sampler.top_p) if cfg.drift.every else None
@@ -219,6 +222,8 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
             graphdef=graphdef, base_info=base_info, mesh=mesh, cost=cost, lag=lag,
             stream=PromptStream(task.train, seed=cfg.seed), evaluate=evaluate_fn,
             insert=make_inserter(cfg.rollout.per_step, buffer_sh), learner_step=learner_step,
+            can_sample=lambda buffer, version: bool(can_sample(buffer,
+                                                               current_version=version)),
             drift=drift_fn, limiter=rate_lib.RateLimiter(**config_lib.rate_limiter_settings(cfg)),
             replicated=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
             manager=manager, best_manager=best_manager,

@@ -3,7 +3,10 @@
 Each learner step t (Arnal et al. 2026, §4):
   GENERATE  R = P·G rollouts with the parameters of version max(t − lag, 0), scored, with
             group advantages;
-  INSERT    them into the FIFO buffer (capacity N), oldest overwritten;
+  INSERT    them into the FIFO buffer (capacity N), oldest overwritten — and, while the
+            sampler cannot draw B eligible items (``replay.can_sample``: at the start when
+            B > R, or after evictions), generate and insert another R from the same policy
+            (Reverb's minimum size before sampling; every round is counted in the ledger);
   SAMPLE + UPDATE  B items from the buffer and one off-policy update (importance ratio
             against the stored behaviour log-probs), fused in one jitted call;
   RECORD    ledger, metrics, evaluation, checkpoint.
@@ -49,28 +52,45 @@ def advance_ring(ring: tuple, params) -> tuple:
 
 def generate_and_insert(run, carry: Carry, step: int, key) -> tuple[Carry, dict]:
   """GENERATE + INSERT of learner step ``step``: R rollouts from the behaviour policy
-  (``behaviour_params``, ``behaviour_version``) added to the buffer.
+  (``behaviour_params``, ``behaviour_version``) added to the buffer, then further rounds of
+  R while ``run.can_sample`` says the sampler cannot draw B eligible items.
 
   Args:
     run: the ``build.Run``. carry: the carry before the step. step: t.
-    key: PRNG key of the sampler.
+    key: PRNG key of the first round (round k > 0 uses ``fold_in(key, k)``).
 
   Returns:
-    (the carry with buffer, ledger and data position advanced; generation metrics).
+    (the carry with buffer, ledger and data position advanced; generation metrics, the
+     mean over rounds plus ``generation_rounds``).
+
+  Raises:
+    RuntimeError: the sampler still cannot draw a batch once a whole buffer of this
+      step's rollouts has been generated (an eviction rule that keeps fewer than B items).
   """
   cfg = run.cfg
   params = behaviour_params(carry.ring, carry.state.params)
   version = behaviour_version(step, run.lag)
   # After this many rounds the whole buffer holds rollouts of this step: if the sampler
   # still cannot draw a batch, no amount of generation will let it.
-  rollout, gen = generation.generate_rollouts(
-      cfg, run.io, run.task, run.graphdef, params, run.stream, carry.position, key, version,
-      carry.state.ref_params, run.cost, run.mesh)
-  buffer, lost = run.insert(carry.buffer, rollout, jnp.int32(step))
-  carry = carry.replace(buffer=buffer, position=gen.position, ledger=carry.ledger + gen.ledger
-                        + Ledger(evicted_unused_rollouts=int(lost[0]),
-                                 evicted_unused_tokens=int(lost[1])))
-  return carry, gen.metrics
+  max_rounds = -(-cfg.buffer.capacity // cfg.rollout.per_step) + 1
+  rounds = []
+  while True:
+    rollout, gen = generation.generate_rollouts(
+        cfg, run.io, run.task, run.graphdef, params, run.stream, carry.position,
+        key if not rounds else jax.random.fold_in(key, len(rounds)), version,
+        carry.state.ref_params, run.cost, run.mesh)
+    buffer, lost = run.insert(carry.buffer, rollout, jnp.int32(step))
+    carry = carry.replace(buffer=buffer, position=gen.position, ledger=carry.ledger + gen.ledger
+                          + Ledger(evicted_unused_rollouts=int(lost[0]),
+                                   evicted_unused_tokens=int(lost[1])))
+    rounds.append(gen.metrics)
+    if run.can_sample(carry.buffer, step):
+      return carry, {**generation.mean_metrics(rounds), "generation_rounds": len(rounds)}
+    if len(rounds) >= max_rounds:
+      raise RuntimeError(
+          f"step {step}: the buffer holds fewer than train.batch_size={cfg.train.batch_size} "
+          f"items the sampler may draw after {len(rounds)} rounds of generation; check "
+          "buffer.max_staleness, buffer.max_times_sampled and buffer.sampler")
 
 
 def train_lagged(run, carry: Carry) -> Carry:
@@ -83,7 +103,8 @@ def train_lagged(run, carry: Carry) -> Carry:
     The carry after the last step.
 
   Raises:
-    RuntimeError: ``algo.max_consecutive_skips`` non-finite updates in a row.
+    RuntimeError: ``algo.max_consecutive_skips`` non-finite updates in a row; a batch the
+      sampler cannot fill (``generate_and_insert``).
   """
   cfg = run.cfg
   bar = tqdm(range(carry.step, cfg.train.steps), initial=carry.step, total=cfg.train.steps,

@@ -27,7 +27,9 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
   """Fuses buffer sampling and the update into one jitted function (state, buffer donated).
 
   The sampler's importance weights (uniform: all 1) and each item's staleness go to
-  the train step; the batch statistics the paper plots come back in the metrics.
+  the train step; the batch statistics the paper plots come back in the metrics. The
+  caller must ensure ``replay.can_sample`` holds (``make_can_sample``): the draw then
+  holds B distinct eligible items (or, with replacement, counts repeats exactly).
 
   Args:
     train_step: from ``rl.train_step.make_train_step``. batch_size: B. sampler_cfg: static.
@@ -41,12 +43,16 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
     ``learner_step(state, buffer, key) -> (state, buffer, metrics)``; metrics are
     scalars except ``staleness_hist`` / ``steps_since_last_use_hist`` ([16] int32).
     ``trained_tokens`` counts completion tokens with reuse; ``first_use_tokens`` those
-    of items drawn for the first time (the "trained on at least once" ledger).
+    of items drawn for the first time (the "trained on at least once" ledger);
+    ``batch_bad_slots`` the drawn slots that held no item, plus repeats in a draw without
+    replacement (0 whenever ``can_sample`` held before the draw).
   """
+  with_replacement = sampler_cfg.replace or sampler_cfg.sampler in ("recency", "priority")
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def learner_step(state: TrainState, buffer: replay.BufferState, key):
-    never_used = buffer.valid & (buffer.times_sampled == 0)
+    valid = buffer.valid
+    never_used = valid & (buffer.times_sampled == 0)
     buffer, s = replay.sample(buffer, key, batch_size, state.step, state.step, sampler_cfg)
     if mesh is not None:  # the batch splits over the batch axes (data × fsdp)
       s = s.replace(items=jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
@@ -59,7 +65,8 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
       buffer = jax.lax.with_sharding_constraint(buffer, buffer_sharding)
     metrics.update(replay_stats.batch_stats(s))
     lengths = s.items.completion_mask.sum(-1, dtype=jnp.int32)
-    metrics.update(trained_tokens=lengths.sum(),
+    metrics.update(batch_bad_slots=_bad_slots(valid, s.indices, with_replacement),
+                   trained_tokens=lengths.sum(),
                    batch_reward=s.items.rewards.mean(),
                    first_use_tokens=jnp.where(
                        first_use, buffer.items.completion_mask.sum(-1, dtype=jnp.int32), 0).sum())
@@ -69,6 +76,15 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
     return state, buffer, metrics
 
   return learner_step
+
+
+def _bad_slots(valid_c, indices_b, with_replacement: bool) -> jax.Array:
+  """int32 scalar: drawn slots holding no item, plus (without replacement) repeated slots."""
+  bad = (~valid_c[indices_b]).sum(dtype=jnp.int32)
+  if with_replacement:
+    return bad
+  idx = jnp.sort(indices_b)
+  return bad + (idx[1:] == idx[:-1]).sum(dtype=jnp.int32)
 
 
 def make_inserter(n: int, buffer_sharding=None):

@@ -58,9 +58,14 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
     The carry with the ledger, timers, evaluation, best checkpoint and skip count updated.
 
   Raises:
-    RuntimeError: ``algo.max_consecutive_skips`` non-finite updates in a row.
+    RuntimeError: ``algo.max_consecutive_skips`` non-finite updates in a row; a batch that
+      drew empty or (without replacement) repeated slots: never trained on silently.
   """
   cfg, done = run.cfg, carry.step
+  if metrics["batch_bad_slots"]:
+    raise RuntimeError(f"step {done - 1} drew {int(metrics['batch_bad_slots'])} empty or "
+                       "repeated buffer slots into its batch: the sampler was called without "
+                       "enough eligible items (replay.can_sample)")
   inc, metrics = learner_ledger(metrics, cfg.train.batch_size)
   ledger = carry.ledger + inc
   skips = carry.skips + 1 if metrics["skipped_update"] else 0
