@@ -83,7 +83,7 @@ def get_config():
 
   c.algo = config_dict.ConfigDict(dict(
       # estimators: grpo, dr_grpo, rloo, gae; losses: ppo_clip, tis, decoupled, gspo,
-      # asymre (needs dr_grpo), reinforce — see jaxreplay/rl/update.py AlgoSpec.
+      # asymre (needs dr_grpo), reinforce — see jaxreplay/rl/spec.py AlgoSpec.
       advantage="grpo", loss="ppo_clip", eps_low=0.2, eps_high=0.2,
       aggregation="token_mean", horizon=0, delta_v=-0.1,
       is_cap=2.0, ratio_mask_c=0.0, mask_truncated=False,

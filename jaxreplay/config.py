@@ -7,7 +7,7 @@ import importlib.util
 import os
 
 from jaxreplay import replay
-from jaxreplay.rl.update import AlgoSpec
+from jaxreplay.rl.spec import GROUP_ESTIMATORS, AlgoSpec
 
 
 def load_config(path: str):
@@ -150,6 +150,10 @@ def _check_eligible_supply(cfg) -> None:
 def validate(cfg, device_count: int | None = None) -> None:
   """Checks every field the run uses; raises ``ConfigError`` naming the first bad one.
 
+  The ``algo`` section validates itself (``AlgoSpec``); its errors are raised here as
+  ``ConfigError``. The checks below are of the other sections and of ``algo`` fields
+  against them.
+
   Args:
     cfg: the config tree. device_count: devices the mesh is built on (default
       ``jax.device_count()``); the batch sizes and the buffer must split over the mesh.
@@ -157,17 +161,20 @@ def validate(cfg, device_count: int | None = None) -> None:
   Raises:
     ConfigError: a value out of range or not among the valid choices.
   """
-  _choice(cfg, "algo.lr_schedule", ("constant", "cosine"))
-  if cfg.algo.lr_schedule == "cosine" and 0 < cfg.train.steps <= cfg.algo.warmup_steps:
-    _fail("algo.warmup_steps", cfg.algo.warmup_steps,
+  try:
+    spec = AlgoSpec.from_config(cfg.algo)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
+  if spec.lr_schedule == "cosine" and 0 < cfg.train.steps <= spec.warmup_steps:
+    _fail("algo.warmup_steps", spec.warmup_steps,
           f"must be < train.steps={cfg.train.steps} with algo.lr_schedule='cosine'")
   _choice(cfg, "task.source", ("reasoning_gym", "jsonl"))
   _choice(cfg, "task.on_too_long", ("truncate_left", "skip"))
   r, g = cfg.rollout.per_step, cfg.rollout.group_size
   if g < 1:
     _fail("rollout.group_size", g, "must be >= 1")
-  if g == 1 and cfg.algo.advantage in ("grpo", "rloo", "dr_grpo"):
-    _fail("rollout.group_size", g, f"algo.advantage={cfg.algo.advantage!r} needs groups of >= 2")
+  if g == 1 and spec.advantage in GROUP_ESTIMATORS:
+    _fail("rollout.group_size", g, f"algo.advantage={spec.advantage!r} needs groups of >= 2")
   if r < 1 or r % g:
     _fail("rollout.per_step", r, f"must be a positive multiple of rollout.group_size={g}")
   if cfg.train.batch_size < 1:
@@ -178,7 +185,6 @@ def validate(cfg, device_count: int | None = None) -> None:
   if cfg.buffer.capacity < r:
     _fail("buffer.capacity", cfg.buffer.capacity, f"must be >= rollout.per_step={r}")
   try:
-    spec = AlgoSpec.from_config(cfg.algo)
     replay.from_config(cfg.buffer).validate_for(cfg.buffer.capacity, cfg.train.batch_size)
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
@@ -209,13 +215,6 @@ def validate(cfg, device_count: int | None = None) -> None:
     _fail("sampler.max_new_tokens", cfg.sampler.max_new_tokens, "must be >= 1")
   if cfg.train.steps < 0:
     _fail("train.steps", cfg.train.steps, "must be >= 0")
-  if cfg.algo.loss == "asymre" and cfg.algo.advantage != "dr_grpo":
-    _fail("algo.advantage", cfg.algo.advantage,
-          "algo.loss='asymre' uses the group-mean baseline: set algo.advantage='dr_grpo'")
-  for f in ("algo.lr", "algo.eps_low", "algo.eps_high", "algo.max_grad_norm"):
-    sec, name = f.split(".")
-    if cfg[sec][name] <= 0:
-      _fail(f, cfg[sec][name], "must be > 0")
   if cfg.eval.every < 0 or cfg.checkpoint.every < 0:
     _fail("eval.every / checkpoint.every", (cfg.eval.every, cfg.checkpoint.every), "must be >= 0")
   train = cfg.train

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from jaxreplay import config as config_lib
-from jaxreplay.rl.update import AlgoSpec
+from jaxreplay.rl.spec import AlgoSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -53,6 +53,16 @@ def test_every_loss_has_a_preset():
     ("eval.num_examples", 0, "eval.num_examples=0.*>= 1"),
     ("sampler.top_p", 0.0, "sampler.top_p=0.0"),
     ("model.source", "torch", "model.source='torch'.*builtin"),
+    # algo fields checked by AlgoSpec, raised by validate as ConfigError
+    ("algo.eps_low", 0.0, r"config\.algo\.eps_low=0\.0 is invalid: must be > 0"),
+    ("algo.max_grad_norm", -1.0, r"config\.algo\.max_grad_norm=-1\.0 is invalid: must be > 0"),
+    ("algo.loss", "asymre", r"config\.algo\.advantage='grpo' is invalid: algo\.loss='asymre'"),
+    ("algo.lrr", 1e-3, r"config\.algo\.lrr is not a field .*did you mean algo\.lr\?"),
+    # algo fields against other sections, checked by validate
+    ("algo.warmup_steps", 200, r"config\.algo\.warmup_steps=200 is invalid: must be < "
+                               r"train\.steps=200 with algo\.lr_schedule='cosine'"),
+    ("algo.num_minibatches", 3, r"config\.algo\.num_minibatches=3 is invalid: must divide "
+                                r"train\.batch_size=256"),
 ])
 def test_bad_values_name_the_field(field, value, match):
   c = load(os.path.join(ROOT, "configs", "default.py"))

@@ -58,7 +58,7 @@ def test_two_groups_at_once_and_estimator_error():
   np.testing.assert_allclose(adv_lib.dr_grpo(r), [[0.75, -0.25, -0.25, -0.25], [0, 0, 0, 0]])
   np.testing.assert_allclose(adv_lib.group_mean(r), [[0.25] * 4, [2.0] * 4])
   np.testing.assert_array_equal(adv_lib.compute_advantages(r, "gae"), np.zeros((2, 4)))
-  with pytest.raises(ValueError, match=r"algo\.advantage='ppo'.*'grpo'"):
+  with pytest.raises(ValueError, match=r"estimator='ppo' is not one of .*'grpo'"):
     adv_lib.compute_advantages(r, "ppo")
 
 

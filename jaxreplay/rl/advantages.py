@@ -16,8 +16,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae")
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+from jaxreplay.rl.spec import ESTIMATORS, GROUP_ESTIMATORS  # noqa: F401  (re-exported)
 
 
 def _zero_spread(r_pg: jax.Array) -> jax.Array:
@@ -115,7 +114,7 @@ def compute_advantages(r_pg: jax.Array, estimator: str, *, eps: float = 1e-6,
 
   Args:
     r_pg: [P, G] float rewards.
-    estimator: ``algo.advantage``, one of ``ESTIMATORS``. ``"gae"`` returns zeros: its
+    estimator: one of ``ESTIMATORS``. ``"gae"`` returns zeros: its
       per-token advantages come from the value head in the learner step.
     eps: std epsilon (``grpo``, ``rloo`` with ``rloo_std``).
     unbiased_std: ``grpo`` divides by the G−1 std.
@@ -136,7 +135,7 @@ def compute_advantages(r_pg: jax.Array, estimator: str, *, eps: float = 1e-6,
   if estimator == "gae":
     chex.assert_rank(r_pg, 2)
     return jnp.zeros(r_pg.shape, jnp.float32)
-  raise ValueError(f"algo.advantage={estimator!r} is not one of {ESTIMATORS}")
+  raise ValueError(f"estimator={estimator!r} is not one of {ESTIMATORS}")
 
 
 def terminal_rewards(rewards_b: jax.Array, mask_bt: jax.Array) -> jax.Array:

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxreplay.rl import losses
+from jaxreplay.rl.spec import DEFAULT_BUCKETS
 
 QUANTILES = (0.1, 0.5, 0.9)
-DEFAULT_BUCKETS = (0, 1, 2, 4, 8)
 
 
 def masked_quantiles(x_bt, mask_bt, qs=QUANTILES) -> jax.Array:
@@ -55,7 +55,7 @@ def bucket_names(edges) -> list[str]:
 def _check_edges(edges):
   edges = tuple(int(e) for e in edges)
   if not edges or edges[0] != 0 or any(b <= a for a, b in zip(edges, edges[1:])):
-    raise ValueError(f"algo.staleness_buckets={edges!r} must be strictly increasing and start at 0")
+    raise ValueError(f"edges={edges!r} must be strictly increasing and start at 0")
   return edges
 
 

@@ -20,10 +20,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-LOSSES = ("ppo_clip", "tis", "decoupled", "gspo", "asymre", "reinforce")
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
-                "seq_mean_token_sum_norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from jaxreplay.rl.spec import AGGREGATIONS, KL_ESTIMATORS, LOSSES  # noqa: F401  (re-exported)
 
 sg = jax.lax.stop_gradient
 
@@ -221,11 +218,17 @@ def ratio_in_range(ratio_bt, c: float) -> jax.Array:
 
   Args:
     ratio_bt: [B, T] float32. c: > 1, or ≤ 0 to disable (all True).
+
+  Returns:
+    [B, T] bool, True where the token keeps its policy gradient.
+
+  Raises:
+    ValueError: 0 < c ≤ 1.
   """
   if c <= 0:
     return jnp.ones(ratio_bt.shape, bool)
   if c <= 1:
-    raise ValueError(f"algo.ratio_mask_c={c} must be > 1 (or 0 to disable)")
+    raise ValueError(f"c={c} must be > 1 (or <= 0 to disable)")
   return (ratio_bt >= 1.0 / c) & (ratio_bt <= c)
 
 
@@ -242,7 +245,7 @@ def kl_estimate(logp_bt, ref_logp_bt, estimator: str) -> jax.Array:
 
   Args:
     logp_bt, ref_logp_bt: same shape float32 (``ref`` is held constant).
-    estimator: ``algo.kl_estimator``, one of ``KL_ESTIMATORS``.
+    estimator: one of ``KL_ESTIMATORS``.
 
   Returns:
     Same shape float32.
@@ -258,7 +261,7 @@ def kl_estimate(logp_bt, ref_logp_bt, estimator: str) -> jax.Array:
     return 0.5 * x * x
   if estimator == "k3":
     return jnp.expm1(x) - x
-  raise ValueError(f"algo.kl_estimator={estimator!r} is not one of {KL_ESTIMATORS}")
+  raise ValueError(f"estimator={estimator!r} is not one of {KL_ESTIMATORS}")
 
 
 def kl_penalised_rewards(rewards_b, logp_bt, ref_logp_bt, mask_bt, beta: float,
@@ -314,8 +317,8 @@ def aggregate(loss_bt, mask_bt, mode: str, horizon: int | float = 0) -> jax.Arra
   A batch with no valid token gives exactly 0.
 
   Args:
-    loss_bt: [B, T] float32. mask_bt: [B, T] bool. mode: ``algo.aggregation``.
-    horizon: ``algo.horizon``, > 0 for ``seq_mean_token_sum_norm``.
+    loss_bt: [B, T] float32. mask_bt: [B, T] bool. mode: one of ``AGGREGATIONS``.
+    horizon: > 0 for ``seq_mean_token_sum_norm`` (e.g. the max response length).
 
   Returns:
     float32 scalar.
@@ -337,10 +340,9 @@ def aggregate(loss_bt, mask_bt, mode: str, horizon: int | float = 0) -> jax.Arra
     return lm.sum(-1).mean()
   if mode == "seq_mean_token_sum_norm":
     if not horizon or horizon <= 0:
-      raise ValueError(f"algo.horizon={horizon!r} must be > 0 (e.g. sampler.max_new_tokens) "
-                       "for algo.aggregation='seq_mean_token_sum_norm'")
+      raise ValueError(f"horizon={horizon!r} must be > 0 for mode='seq_mean_token_sum_norm'")
     return lm.sum(-1).mean() / horizon
-  raise ValueError(f"algo.aggregation={mode!r} is not one of {AGGREGATIONS}")
+  raise ValueError(f"mode={mode!r} is not one of {AGGREGATIONS}")
 
 
 def aggregate_normaliser(mask_bt, mode: str) -> jax.Array:
@@ -374,7 +376,14 @@ def aggregate_normaliser(mask_bt, mode: str) -> jax.Array:
 
 
 def masked_mean(x_bt, mask_bt) -> jax.Array:
-  """Mean of ``x`` over True entries of ``mask`` (0 when none; off-mask values never read)."""
+  """Mean of ``x`` over True entries of ``mask`` (0 when none; off-mask values never read).
+
+  Args:
+    x_bt: float array. mask_bt: bool array of the same shape.
+
+  Returns:
+    float32 scalar.
+  """
   chex.assert_equal_shape([x_bt, mask_bt])
   m = mask_bt.astype(jnp.float32)
   return jnp.where(mask_bt, x_bt, 0.0).sum() / jnp.maximum(m.sum(), 1.0)
@@ -385,6 +394,9 @@ def token_entropy(logits_btv) -> jax.Array:
 
   Args:
     logits_btv: [B, T, V] float.
+
+  Returns:
+    [B, T] float32.
   """
   chex.assert_rank(logits_btv, 3)
   logp = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)

@@ -18,13 +18,11 @@ full-distribution entropy. Tokens whose ratio falls outside [1/c, c]
 (``algo.ratio_mask_c``) contribute no policy-gradient term; the normaliser still
 counts them, so masking never up-weights the rest.
 
-Config fields read (``algo.get(name, default)``; defaults in ``AlgoSpec``).
+Config fields: ``jaxreplay.rl.spec.AlgoSpec``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from typing import Any, Callable
 
 import flax.struct
@@ -36,10 +34,10 @@ from flax import nnx
 from jaxreplay.models.logit_processing import process_logits
 from jaxreplay.rl import advantages as adv_lib
 from jaxreplay.rl import diagnostics, losses, value, weights as weights_lib
+from jaxreplay.rl.spec import KL_MODES, SCHEDULES, AlgoSpec  # noqa: F401  (re-exported)
 from jaxreplay.rollout import Rollout
 
 sg = jax.lax.stop_gradient
-KL_MODES = ("loss", "reward")
 
 
 @flax.struct.dataclass
@@ -62,109 +60,6 @@ class TrainState:
   skipped: jax.Array
   value_params: Any = None
   ref_params: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class AlgoSpec:
-  """The ``algo`` config section, validated. Field = config key; value = default.
-
-  advantage, loss, aggregation: names (see ``ESTIMATORS``, ``LOSSES``, ``AGGREGATIONS``).
-  eps_low, eps_high: clip range. horizon: constant for ``seq_mean_token_sum_norm``.
-  delta_v: AsymRE baseline shift. is_cap: truncation of π/μ for ``tis`` and of π_prox/μ
-  for ``decoupled`` (≤ 0 = none). ratio_mask_c: mask tokens with ratio ∉ [1/c, c] (0 = off).
-  mask_truncated: drop truncated completions from loss and normaliser.
-  kl_coef, kl_estimator, kl_mode: KL to ``TrainState.ref_params``; mode 'loss' adds
-  β·kl per token, 'reward' subtracts β·kl from GAE token rewards (for group estimators
-  the loop applies ``losses.kl_penalised_rewards`` at generation time, before the
-  group advantages; see ``train.loop.kl_reward_penalty``).
-  entropy_coef: entropy bonus c_H. gae_gamma, gae_lambda, vf_coef, value_clip,
-  gae_whiten: GAE / critic. staleness_target, staleness_fn, staleness_rate: adaptive
-  trust region (``weights.adaptive_trust_region``). staleness_buckets: metric buckets.
-  update_epochs, num_minibatches: optax steps per learner step.
-  """
-
-  advantage: str = "grpo"
-  loss: str = "ppo_clip"
-  aggregation: str = "token_mean"
-  eps_low: float = 0.2
-  eps_high: float = 0.2
-  horizon: float = 0
-  delta_v: float = -0.1
-  is_cap: float = 2.0
-  ratio_mask_c: float = 0.0
-  mask_truncated: bool = False
-  kl_coef: float = 0.0
-  kl_estimator: str = "k3"
-  kl_mode: str = "loss"
-  entropy_coef: float = 0.0
-  gae_gamma: float = 1.0
-  gae_lambda: float = 0.95
-  vf_coef: float = 0.5
-  value_clip: float = 0.2
-  gae_whiten: bool = True
-  staleness_target: str = "none"
-  staleness_fn: str = "inverse"
-  staleness_rate: float = 0.5
-  staleness_buckets: tuple = diagnostics.DEFAULT_BUCKETS
-  update_epochs: int = 1
-  num_minibatches: int = 1
-
-  @classmethod
-  def from_config(cls, algo) -> "AlgoSpec":
-    """Reads every field with ``algo.get(name, default)`` and validates.
-
-    Raises:
-      ValueError: a bad value, naming the ``algo.<field>`` and the valid choices.
-    """
-    if isinstance(algo, AlgoSpec):
-      return algo
-    kw = {f.name: algo.get(f.name, f.default) for f in dataclasses.fields(cls)}
-    kw["staleness_buckets"] = tuple(int(e) for e in kw["staleness_buckets"])
-    spec = cls(**kw)
-    spec.validate()
-    return spec
-
-  def validate(self) -> None:
-    """Raises ValueError naming the first bad ``algo.<field>``."""
-    choices = {"advantage": adv_lib.ESTIMATORS, "loss": losses.LOSSES,
-               "aggregation": losses.AGGREGATIONS, "kl_estimator": losses.KL_ESTIMATORS,
-               "kl_mode": KL_MODES, "staleness_target": weights_lib.STALENESS_TARGETS,
-               "staleness_fn": weights_lib.STALENESS_FNS}
-    for name, valid in choices.items():
-      if getattr(self, name) not in valid:
-        near = difflib.get_close_matches(str(getattr(self, name)), list(valid), n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise ValueError(f"algo.{name}={getattr(self, name)!r} is not one of {valid}{hint}")
-    if self.eps_low <= 0 or self.eps_high <= 0:
-      raise ValueError(f"algo.eps_low/eps_high=({self.eps_low}, {self.eps_high}) must be > 0")
-    if self.aggregation == "seq_mean_token_sum_norm" and self.horizon <= 0:
-      raise ValueError(f"algo.horizon={self.horizon} must be > 0 for "
-                       "algo.aggregation='seq_mean_token_sum_norm'")
-    if self.ratio_mask_c and self.ratio_mask_c <= 1:
-      raise ValueError(f"algo.ratio_mask_c={self.ratio_mask_c} must be > 1 (or 0 to disable)")
-    if self.advantage == "gae" and self.loss in ("gspo", "asymre"):
-      raise ValueError(f"algo.loss={self.loss!r} needs a sequence-level advantage; "
-                       f"algo.advantage='gae' is per token (use one of "
-                       f"{adv_lib.GROUP_ESTIMATORS})")
-    if self.kl_coef > 0 and self.kl_mode == "reward" and self.loss == "asymre":
-      raise ValueError(
-          "algo.kl_mode='reward' with algo.loss='asymre' would mix the KL penalty into the "
-          "group-mean baseline recovered from the stored advantages: use algo.kl_mode='loss'")
-    if self.update_epochs < 1 or self.num_minibatches < 1:
-      raise ValueError(f"algo.update_epochs={self.update_epochs} and algo.num_minibatches="
-                       f"{self.num_minibatches} must be >= 1")
-    if self.kl_coef < 0 or self.entropy_coef < 0 or self.vf_coef < 0:
-      raise ValueError("algo.kl_coef, algo.entropy_coef and algo.vf_coef must be >= 0")
-    weights_lib.staleness_factor(jnp.zeros((1,)), self.staleness_fn, self.staleness_rate)
-    diagnostics._check_edges(self.staleness_buckets)
-
-  @property
-  def uses_value_head(self) -> bool:
-    return self.advantage == "gae"
-
-  @property
-  def uses_reference(self) -> bool:
-    return self.kl_coef > 0
 
 
 # Log-prob given to a token outside the current policy's top-k/top-p set, whose log-prob
@@ -223,9 +118,6 @@ def policy_and_values(graphdef, params, value_params, tokens, attention_mask, te
   head = nnx.merge(value.value_graphdef(), value_params)
   logp, ent = _scores(logits, tokens, temperature, top_k, top_p)
   return logp, ent, value.token_values(head, hidden)
-
-
-SCHEDULES = ("constant", "cosine")
 
 
 def make_optimizer(lr: float, warmup_steps: int, max_grad_norm: float, b1: float = 0.9,

@@ -23,8 +23,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-STALENESS_TARGETS = ("none", "clip", "cap", "weight")
-STALENESS_FNS = ("inverse", "exp", "linear")
+from jaxreplay.rl.spec import STALENESS_FNS, STALENESS_TARGETS  # noqa: F401  (re-exported)
 
 
 def sampling_weights(probs_b, buffer_size, beta: float, min_prob=None,
@@ -49,7 +48,7 @@ def sampling_weights(probs_b, buffer_size, beta: float, min_prob=None,
     ValueError: ``beta`` outside [0, 1].
   """
   if not 0.0 <= beta <= 1.0:
-    raise ValueError(f"buffer.priority_beta={beta} must be in [0, 1]")
+    raise ValueError(f"beta={beta} must be in [0, 1]")
   chex.assert_rank(probs_b, 1)
   n = jnp.asarray(buffer_size, jnp.float32)
   w = (n * probs_b.astype(jnp.float32)) ** (-beta)
@@ -69,7 +68,7 @@ def staleness_factor(staleness_b, fn: str, rate: float) -> jax.Array:
   Negative staleness (impossible in the loop) is treated as 0.
 
   Args:
-    staleness_b: [B] int or float. fn: ``algo.staleness_fn``. rate: ``algo.staleness_rate`` ≥ 0.
+    staleness_b: [B] int or float. fn: one of ``STALENESS_FNS``. rate: ≥ 0.
 
   Returns:
     [B] float32.
@@ -78,7 +77,7 @@ def staleness_factor(staleness_b, fn: str, rate: float) -> jax.Array:
     ValueError: unknown ``fn`` or negative ``rate``.
   """
   if rate < 0:
-    raise ValueError(f"algo.staleness_rate={rate} must be >= 0")
+    raise ValueError(f"rate={rate} must be >= 0")
   chex.assert_rank(staleness_b, 1)
   s = jnp.maximum(staleness_b.astype(jnp.float32), 0.0)
   if fn == "inverse":
@@ -87,7 +86,7 @@ def staleness_factor(staleness_b, fn: str, rate: float) -> jax.Array:
     return jnp.exp(-rate * s)
   if fn == "linear":
     return jnp.maximum(1.0 - rate * s, 0.0)
-  raise ValueError(f"algo.staleness_fn={fn!r} is not one of {STALENESS_FNS}")
+  raise ValueError(f"fn={fn!r} is not one of {STALENESS_FNS}")
 
 
 class TrustRegion(NamedTuple):
@@ -119,7 +118,7 @@ def adaptive_trust_region(staleness_b, eps_low: float, eps_high: float, cap: flo
 
   Args:
     staleness_b: [B] int. eps_low, eps_high: base clip range. cap: base truncation
-      (≤ 0 or inf = none). target: ``algo.staleness_target``. fn, rate: see
+      (≤ 0 or inf = none). target: one of ``STALENESS_TARGETS``. fn, rate: see
       ``staleness_factor``.
 
   Returns:
@@ -129,7 +128,7 @@ def adaptive_trust_region(staleness_b, eps_low: float, eps_high: float, cap: flo
     ValueError: unknown ``target`` / ``fn``.
   """
   if target not in STALENESS_TARGETS:
-    raise ValueError(f"algo.staleness_target={target!r} is not one of {STALENESS_TARGETS}")
+    raise ValueError(f"target={target!r} is not one of {STALENESS_TARGETS}")
   chex.assert_rank(staleness_b, 1)
   b = staleness_b.shape[0]
   f = staleness_factor(staleness_b, fn, rate) if target != "none" else jnp.ones((b,), jnp.float32)
