@@ -85,7 +85,8 @@ def test_estimator_2x4_loss_and_gradient(est, kw, want_adv):
   # loss = −Σ A_i·logp_it / 5 on the mask, gradient −A_i/5.
   a = adv_lib.compute_advantages(jnp.array([[1.0, 0.0]]), est, **kw)[0]
   np.testing.assert_allclose(a, want_adv, rtol=1e-5)
-  total = lambda lp: losses.aggregate(losses.reinforce_loss(lp, a), MASK, "token_mean")
+  total = lambda lp: losses.aggregate(losses.reinforce_loss(lp, LOGP, a, MASK)[0], MASK,
+                                      "token_mean")
   val, g = jax.value_and_grad(total)(jnp.asarray(LOGP))
   wa = np.asarray(want_adv, np.float32)[:, None]
   np.testing.assert_allclose(val, (-wa * LOGP * MASK).sum() / 5, rtol=1e-5)

@@ -56,7 +56,8 @@ def mc_gradients(key, cap):
 
     def loss(theta):
       logp = jax.nn.log_softmax(theta)[a][:, None]  # B sequences × 1 token
-      tok, _ = losses.tis_loss(logp, mu_logp, adv, cap)
+      tok, _ = losses.tis_loss(logp, mu_logp, adv, jnp.ones_like(logp, bool),
+                               losses.LossParams(cap=cap))
       return losses.aggregate(w[:, None] * tok, jnp.ones_like(logp, bool), "token_mean")
 
     return -jax.grad(loss)(jnp.asarray(THETA))

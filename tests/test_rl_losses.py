@@ -19,6 +19,7 @@ import pytest
 from jax.test_util import check_grads
 
 from jaxreplay.rl import losses
+from jaxreplay.rl.losses import LossParams
 
 LOGP = np.array([[-1.0, -0.5, -2.0, -1.5], [-0.3, -1.2, -0.8, -9.0]], np.float32)
 MU = np.array([[-1.1, -0.9, -1.8, 1.0], [-0.3, -1.0, 1.0, 1.0]], np.float32)
@@ -29,6 +30,10 @@ REWARDS = np.array([1.0, 0.0], np.float32)
 BASELINE = np.array([0.5, 0.5], np.float32)
 EL, EH, CAP = 0.1, 0.3, 1.2
 N_TOK = MASK.sum()  # 5
+CLIP = LossParams(eps_low=EL, eps_high=EH)
+TRUNC = LossParams(cap=CAP)
+DEC = LossParams(eps_low=EL, eps_high=EH, cap=CAP, prox_logp_bt=PROX)
+ASYM = LossParams(delta_v=-0.1, rewards_b=REWARDS)  # adv = r − V̂ below
 
 VARIANTS = [pytest.param(lambda f: f, id="eager"), pytest.param(jax.jit, id="jit")]
 
@@ -65,13 +70,15 @@ def np_asymre(logp, rewards, baseline, dv):
 
 
 CASES = {
-    "ppo_clip": (lambda lp: losses.ppo_clip_loss(lp, MU, ADV, EL, EH)[0],
+    "ppo_clip": (lambda lp: losses.ppo_clip_loss(lp, MU, ADV, MASK, CLIP)[0],
                  lambda: np_ppo(LOGP, MU, ADV, EL, EH)),
-    "tis": (lambda lp: losses.tis_loss(lp, MU, ADV, CAP)[0], lambda: np_tis(LOGP, MU, ADV, CAP)),
-    "decoupled": (lambda lp: losses.decoupled_loss(lp, MU, PROX, ADV, EL, EH, CAP)[0],
+    "tis": (lambda lp: losses.tis_loss(lp, MU, ADV, MASK, TRUNC)[0],
+            lambda: np_tis(LOGP, MU, ADV, CAP)),
+    "decoupled": (lambda lp: losses.decoupled_loss(lp, MU, ADV, MASK, DEC)[0],
                   lambda: np_decoupled(LOGP, MU, PROX, ADV, EL, EH, CAP)),
-    "reinforce": (lambda lp: losses.reinforce_loss(lp, ADV), lambda: np_reinforce(LOGP, ADV)),
-    "asymre": (lambda lp: losses.asymre_loss(lp, REWARDS, BASELINE, -0.1),
+    "reinforce": (lambda lp: losses.reinforce_loss(lp, MU, ADV, MASK)[0],
+                  lambda: np_reinforce(LOGP, ADV)),
+    "asymre": (lambda lp: losses.asymre_loss(lp, MU, REWARDS - BASELINE, MASK, ASYM)[0],
                lambda: np_asymre(LOGP, REWARDS, BASELINE, -0.1)),
 }
 
@@ -87,8 +94,29 @@ def test_token_loss_and_gradient_match_numpy(name, variant):
   np.testing.assert_allclose(grad, np.where(MASK, np_grad, 0) / N_TOK, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", losses.LOSSES)
+def test_one_contract_for_every_policy_loss(name, variant):
+  """Every policy loss takes (logp, μ, adv, mask, LossParams) and returns
+  (loss [B, T] float32, LossInfo of [B, T] arrays); the table holds exactly ``LOSSES``."""
+  assert tuple(losses.POLICY_LOSSES) == losses.LOSSES
+  params = LossParams(eps_low=EL, eps_high=EH, cap=CAP, delta_v=-0.1, prox_logp_bt=PROX,
+                      rewards_b=REWARDS)
+  loss, info = variant(losses.POLICY_LOSSES[name])(jnp.asarray(LOGP), MU, ADV, MASK, params)
+  assert loss.shape == LOGP.shape and loss.dtype == jnp.float32
+  assert isinstance(info, losses.LossInfo)
+  assert info.ratio.shape == LOGP.shape and info.ratio.dtype == jnp.float32
+  for flag in (info.clipped_low, info.clipped_high):
+    assert flag.shape == LOGP.shape and flag.dtype == jnp.bool_
+
+
+def test_asymre_needs_rewards():
+  with pytest.raises(ValueError, match=r"asymre_loss needs params\.rewards_b"):
+    losses.asymre_loss(jnp.asarray(LOGP), MU, ADV, MASK, LossParams())
+
+
 def test_ppo_clip_hand_values_and_flags():
-  loss, info = losses.ppo_clip_loss(jnp.asarray(LOGP), MU, ADV, EL, EH)
+  loss, info = losses.ppo_clip_loss(jnp.asarray(LOGP), MU, ADV, MASK, CLIP)
   e = np.exp
   # Hand: row 0 (A = 0.8): −r·A, except token 1 clipped at 1.3; row 1 (A = −1.2): token 0
   # r = 1 → +1.2, token 1 r = e^-0.2 < 0.9 → −0.9·(−1.2) = 1.08.
@@ -100,13 +128,15 @@ def test_ppo_clip_hand_values_and_flags():
 
 def test_ppo_clip_per_token_advantages_and_per_sample_eps():
   adv_bt = np.broadcast_to(ADV[:, None], LOGP.shape)
-  a, _ = losses.ppo_clip_loss(jnp.asarray(LOGP), MU, adv_bt, EL, EH)
-  b, _ = losses.ppo_clip_loss(jnp.asarray(LOGP), MU, ADV, jnp.full((2,), EL), jnp.full((2,), EH))
-  c, _ = losses.ppo_clip_loss(jnp.asarray(LOGP), MU, ADV, EL, EH)
+  a, _ = losses.ppo_clip_loss(jnp.asarray(LOGP), MU, adv_bt, MASK, CLIP)
+  b, _ = losses.ppo_clip_loss(jnp.asarray(LOGP), MU, ADV, MASK,
+                              LossParams(eps_low=jnp.full((2,), EL), eps_high=jnp.full((2,), EH)))
+  c, _ = losses.ppo_clip_loss(jnp.asarray(LOGP), MU, ADV, MASK, CLIP)
   np.testing.assert_array_equal(a, c)
   np.testing.assert_array_equal(b, c)
   # A per-sample ε_high of 0.6 for row 0 un-clips token (0, 1): 1.4918 < 1.6.
-  d, info = losses.ppo_clip_loss(jnp.asarray(LOGP), MU, ADV, EL, jnp.array([0.6, EH]))
+  d, info = losses.ppo_clip_loss(jnp.asarray(LOGP), MU, ADV, MASK,
+                                 LossParams(eps_low=EL, eps_high=jnp.array([0.6, EH])))
   np.testing.assert_allclose(d[0, 1], -np.exp(0.4) * 0.8, rtol=1e-6)
   assert not bool(info.clipped_high[0, 1])
 
@@ -115,7 +145,7 @@ def test_gspo_sequence_ratio_loss_and_gradient():
   # s_0 = exp(mean(0.1, 0.4, −0.2)) = e^0.1; s_1 = exp(mean(0, −0.2)) = e^-0.1.
   # ε_low = 0.2, ε_high = 0.05: row 0 (A > 0, s > 1.05) is clipped → ℓ_0 = −1.05·0.8, no
   # gradient; row 1 (A < 0, s = 0.905 ∈ [0.8, 1.05]) → ℓ_1 = −s·A, dℓ_1/dlogp_t = −s·A/2.
-  fn = lambda lp: losses.gspo_loss(lp, MU, MASK, ADV, 0.2, 0.05)
+  fn = lambda lp: losses.gspo_loss(lp, MU, ADV, MASK, LossParams(eps_low=0.2, eps_high=0.05))
   total = lambda lp: losses.aggregate(fn(lp)[0], MASK, "seq_mean_token_mean")
   value, grad = jax.value_and_grad(total)(jnp.asarray(LOGP))
   s1 = np.exp(-0.1)
@@ -131,14 +161,15 @@ def test_gspo_sequence_ratio_loss_and_gradient():
 # --- gradient checks (points away from the clip/truncation kinks) ----------------------
 
 GRAD_FNS = {
-    "ppo_clip": lambda lp: losses.ppo_clip_loss(lp, MU, ADV, EL, EH)[0],
+    "ppo_clip": lambda lp: losses.ppo_clip_loss(lp, MU, ADV, MASK, CLIP)[0],
     # Shifting μ with logp keeps the (stopped) truncated weight constant, so the finite
     # difference sees exactly the function whose gradient the estimator uses.
-    "tis": lambda lp: losses.tis_loss(lp, lp - (LOGP - MU), ADV, CAP)[0],
-    "decoupled": lambda lp: losses.decoupled_loss(lp, MU, PROX, ADV, EL, EH, CAP)[0],
-    "gspo": lambda lp: losses.gspo_loss(lp, MU, MASK, ADV, 0.2, 0.05)[0],
-    "asymre": lambda lp: losses.asymre_loss(lp, REWARDS, BASELINE, -0.1),
-    "reinforce": lambda lp: losses.reinforce_loss(lp, ADV),
+    "tis": lambda lp: losses.tis_loss(lp, lp - (LOGP - MU), ADV, MASK, TRUNC)[0],
+    "decoupled": lambda lp: losses.decoupled_loss(lp, MU, ADV, MASK, DEC)[0],
+    "gspo": lambda lp: losses.gspo_loss(lp, MU, ADV, MASK,
+                                        LossParams(eps_low=0.2, eps_high=0.05))[0],
+    "asymre": lambda lp: losses.asymre_loss(lp, MU, REWARDS - BASELINE, MASK, ASYM)[0],
+    "reinforce": lambda lp: losses.reinforce_loss(lp, MU, ADV, MASK)[0],
     "kl_k1": lambda lp: losses.kl_estimate(lp, PROX, "k1"),
     "kl_k2": lambda lp: losses.kl_estimate(lp, PROX, "k2"),
     "kl_k3": lambda lp: losses.kl_estimate(lp, PROX, "k3"),
@@ -153,7 +184,7 @@ def test_check_grads(name):
 
 def test_tis_gradient_uses_truncated_weight_not_its_derivative():
   # Token (0, 1) has r = 1.4918 > cap: its gradient is −cap·A, not −(r·A)' of anything.
-  g = jax.grad(lambda lp: losses.tis_loss(lp, MU, ADV, CAP)[0].sum())(jnp.asarray(LOGP))
+  g = jax.grad(lambda lp: losses.tis_loss(lp, MU, ADV, MASK, TRUNC)[0].sum())(jnp.asarray(LOGP))
   np.testing.assert_allclose(g[0, 1], -CAP * 0.8, rtol=1e-6)
   np.testing.assert_allclose(g[0, 0], -np.exp(0.1) * 0.8, rtol=1e-6)
 
@@ -165,10 +196,11 @@ def test_tis_gradient_uses_truncated_weight_not_its_derivative():
 def test_equal_gradients_at_ratio_one(adv):
   lp = jnp.asarray(LOGP)
   fns = {
-      "ppo_clip": lambda x: losses.ppo_clip_loss(x, LOGP, adv, EL, EH)[0],
-      "tis": lambda x: losses.tis_loss(x, LOGP, adv, CAP)[0],
-      "decoupled": lambda x: losses.decoupled_loss(x, LOGP, x, adv, EL, EH, CAP)[0],
-      "reinforce": lambda x: losses.reinforce_loss(x, adv),
+      "ppo_clip": lambda x: losses.ppo_clip_loss(x, LOGP, adv, MASK, CLIP)[0],
+      "tis": lambda x: losses.tis_loss(x, LOGP, adv, MASK, TRUNC)[0],
+      "decoupled": lambda x: losses.decoupled_loss(x, LOGP, adv, MASK, DEC._replace(
+          prox_logp_bt=x))[0],
+      "reinforce": lambda x: losses.reinforce_loss(x, LOGP, adv, MASK)[0],
   }
   grads = {k: jax.grad(lambda x, f=f: losses.aggregate(f(x), MASK, "token_mean"))(lp)
            for k, f in fns.items()}
@@ -298,6 +330,7 @@ def test_ratio_in_range():
 
 def test_shape_errors():
   with pytest.raises(AssertionError):
-    losses.ppo_clip_loss(jnp.zeros((2, 4)), jnp.zeros((2, 3)), jnp.zeros(2), 0.2, 0.2)
+    losses.ppo_clip_loss(jnp.zeros((2, 4)), jnp.zeros((2, 3)), jnp.zeros(2),
+                         jnp.ones((2, 4), bool))
   with pytest.raises(AssertionError):
-    losses.reinforce_loss(jnp.zeros(4), jnp.zeros(4))
+    losses.reinforce_loss(jnp.zeros(4), jnp.zeros(4), jnp.zeros(4), jnp.ones(4, bool))

@@ -67,7 +67,9 @@ def test_case13_uniform_weighted_loss_equals_unweighted_loss():
   mu = logp + jnp.array([[0.1, -0.4, 0.2], [0.0, 0.3, -0.1]])
   mask = jnp.array([[1, 1, 1], [1, 1, 0]], bool)
   adv = jnp.array([0.8, -1.2])
-  plain = losses.aggregate(losses.ppo_clip_loss(logp, mu, adv, 0.2, 0.2)[0], mask, "token_mean")
+  params = losses.LossParams(eps_low=0.2, eps_high=0.2)
+  plain = losses.aggregate(losses.ppo_clip_loss(logp, mu, adv, mask, params)[0], mask,
+                           "token_mean")
   w = weights.sampling_weights(jnp.full((2,), 1 / 6), 6, 0.4)
   got, _ = objective(spec(), logp, jnp.zeros_like(logp), make_batch(mu, mask, adv), w,
                      jnp.zeros(2, jnp.int32))

@@ -7,14 +7,21 @@ be *minimised* and returns per-token values [B, T]; ``aggregate`` reduces them. 
 per-token value is the negated surrogate, so ∂loss/∂logp is the (negated) policy
 gradient weight of that token.
 
-Per-sample hyper-parameters (ε, truncation cap) may be Python floats or [B] arrays:
-the staleness-adaptive trust region (``jaxreplay.rl.weights``) passes [B].
-Sequence advantages ``adv`` may be [B] (one per sequence) or [B, T] (per token, GAE).
+One contract for every policy loss (``POLICY_LOSSES``), so a caller dispatches by name:
+
+  loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams)
+      -> (loss_bt [B, T] float32, LossInfo)
+
+``adv`` is [B] (one per sequence) or [B, T] (per token, GAE); ``LossParams`` carries the
+hyper-parameters and the inputs only some losses read (π_prox, rewards). A loss ignores the
+fields it does not use. Per-sample hyper-parameters (ε, truncation cap) may be Python
+floats or [B] arrays: the staleness-adaptive trust region (``jaxreplay.rl.weights``) passes
+[B]. Error messages use the argument names of these functions, not config fields.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -23,6 +30,28 @@ import jax.numpy as jnp
 from jaxreplay.rl.spec import AGGREGATIONS, KL_ESTIMATORS, LOSSES  # noqa: F401  (re-exported)
 
 sg = jax.lax.stop_gradient
+
+
+class LossParams(NamedTuple):
+  """Hyper-parameters of the policy losses, and the inputs only some of them read.
+
+  Attributes:
+    eps_low, eps_high: ε_low, ε_high > 0, float or [B] float32 clip range (``ppo_clip``,
+      ``decoupled``, ``gspo``).
+    cap: c̄ > 0, float or [B] float32 truncation (``tis``: of π/μ; ``decoupled``: of
+      π_prox/μ); ``jnp.inf`` = none.
+    delta_v: δV, the baseline shift of ``asymre``.
+    prox_logp_bt: [B, T] float32 log π_prox for ``decoupled`` (held constant); None = the
+      current log-probs with the gradient stopped (π_prox = π_θ at the start of the step).
+    rewards_b: [B] float32 rewards r for ``asymre``, whose baseline is V̂ = r − A.
+  """
+
+  eps_low: Any = 0.2
+  eps_high: Any = 0.2
+  cap: Any = jnp.inf
+  delta_v: float = -0.1
+  prox_logp_bt: Any = None
+  rewards_b: Any = None
 
 
 class LossInfo(NamedTuple):
@@ -59,6 +88,12 @@ def _check(logp_bt, *others):
   chex.assert_equal_shape([logp_bt, *others])
 
 
+def _unclipped(ratio_bt) -> LossInfo:
+  """LossInfo of a loss without a trust region: the ratio, nothing clipped."""
+  none = jnp.zeros(ratio_bt.shape, bool)
+  return LossInfo(ratio_bt, none, none)
+
+
 def _clipped_surrogate(ratio, adv, eps_low, eps_high):
   """−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A) and which side removed the gradient."""
   clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
@@ -68,7 +103,7 @@ def _clipped_surrogate(ratio, adv, eps_low, eps_high):
   return loss, low, high
 
 
-def ppo_clip_loss(logp_bt, behaviour_logp_bt, adv, eps_low, eps_high):
+def ppo_clip_loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams = LossParams()):
   """Token-level clipped surrogate against the behaviour policy.
 
   PPO (Schulman et al. 2017, arXiv 1707.06347 eq. 7) with the decoupled lower/upper
@@ -76,9 +111,9 @@ def ppo_clip_loss(logp_bt, behaviour_logp_bt, adv, eps_low, eps_high):
     loss_t = −min(r_t A, clip(r_t, 1−ε_low, 1+ε_high) A),  r_t = exp(logp_t − log μ_t).
 
   Args:
-    logp_bt, behaviour_logp_bt: [B, T] float32.
+    logp_bt, behaviour_logp_bt: [B, T] float32. mask_bt: [B, T] bool (shape only).
     adv: [B] or [B, T] float32 advantages.
-    eps_low, eps_high: float or [B] float32 clip range (> 0).
+    params: reads ``eps_low``, ``eps_high`` (float or [B], > 0).
 
   Returns:
     (loss [B, T] float32, LossInfo).
@@ -86,72 +121,79 @@ def ppo_clip_loss(logp_bt, behaviour_logp_bt, adv, eps_low, eps_high):
   Raises:
     AssertionError (chex): rank or shape mismatch.
   """
-  _check(logp_bt, behaviour_logp_bt)
+  _check(logp_bt, behaviour_logp_bt, mask_bt)
   b = logp_bt.shape[0]
   a = _adv_bt(adv, logp_bt.shape)
   ratio = jnp.exp(logp_bt - behaviour_logp_bt)
-  loss, low, high = _clipped_surrogate(ratio, a, _per_seq(eps_low, b), _per_seq(eps_high, b))
+  loss, low, high = _clipped_surrogate(ratio, a, _per_seq(params.eps_low, b),
+                                       _per_seq(params.eps_high, b))
   return loss, LossInfo(ratio, low, high)
 
 
-def tis_loss(logp_bt, behaviour_logp_bt, adv, cap):
+def tis_loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams = LossParams()):
   """Truncated importance sampling policy gradient.
 
   IMPALA's truncated weight ρ̄ = min(c̄, π/μ) (Espeholt et al. 2018, arXiv 1802.01561
   eq. 1 and §4.2), applied to the token policy gradient as in TIS for LLM RL (Yao et
   al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"):
-    loss_t = −sg(min(r_t, cap)) · A · logp_t.
-  The value of the loss is a surrogate; its gradient is min(r, cap)·A·∇log π.
+    loss_t = −sg(min(r_t, c̄)) · A · logp_t.
+  The value of the loss is a surrogate; its gradient is min(r, c̄)·A·∇log π.
 
   Args:
-    logp_bt, behaviour_logp_bt: [B, T] float32.
+    logp_bt, behaviour_logp_bt: [B, T] float32. mask_bt: [B, T] bool (shape only).
     adv: [B] or [B, T] float32.
-    cap: float or [B] float32 truncation level (> 0; ``jnp.inf`` for plain IS).
+    params: reads ``cap`` (float or [B], > 0; ``jnp.inf`` for plain IS).
 
   Returns:
     (loss [B, T] float32, LossInfo with ``clipped_high`` = weight truncated).
+
+  Raises:
+    AssertionError (chex): rank or shape mismatch.
   """
-  _check(logp_bt, behaviour_logp_bt)
+  _check(logp_bt, behaviour_logp_bt, mask_bt)
   b = logp_bt.shape[0]
   a = _adv_bt(adv, logp_bt.shape)
   ratio = jnp.exp(logp_bt - behaviour_logp_bt)
-  c = _per_seq(cap, b)
+  c = _per_seq(params.cap, b)
   w = sg(jnp.minimum(ratio, c))
   return -w * a * logp_bt, LossInfo(ratio, jnp.zeros(ratio.shape, bool), ratio > c)
 
 
-def decoupled_loss(logp_bt, behaviour_logp_bt, prox_logp_bt, adv, eps_low, eps_high,
-                   cap=jnp.inf):
+def decoupled_loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams = LossParams()):
   """Decoupled PPO: behaviour correction separated from the trust region.
 
   Hilton, Cobbe & Schulman 2022 ("Batch size-invariance for policy optimization",
   arXiv 2110.00641 §3, the decoupled PPO-clip objective), as used for asynchronous LLM
   RL by AReaL (Fu et al. 2025, arXiv 2505.24298, decoupled PPO objective):
-    loss_t = −sg(min(π_prox/μ, cap)) · min(r'_t A, clip(r'_t, 1−ε_low, 1+ε_high) A),
+    loss_t = −sg(min(π_prox/μ, c̄)) · min(r'_t A, clip(r'_t, 1−ε_low, 1+ε_high) A),
     r'_t = π_θ/π_prox,
   where π_prox is the proximal policy (the policy at the start of the learner step).
 
   Args:
-    logp_bt, behaviour_logp_bt, prox_logp_bt: [B, T] float32 (``prox_logp_bt`` is
-      treated as a constant).
+    logp_bt, behaviour_logp_bt: [B, T] float32. mask_bt: [B, T] bool (shape only).
     adv: [B] or [B, T] float32.
-    eps_low, eps_high: float or [B] clip range around π_prox.
-    cap: float or [B] truncation of the behaviour weight π_prox/μ (inf = none).
+    params: reads ``prox_logp_bt`` ([B, T], constant; None = sg(logp_bt)), ``eps_low``,
+      ``eps_high`` (clip range around π_prox) and ``cap`` (truncation of π_prox/μ).
 
   Returns:
     (loss [B, T] float32, LossInfo whose ratio and clip flags refer to r').
+
+  Raises:
+    AssertionError (chex): rank or shape mismatch.
   """
-  _check(logp_bt, behaviour_logp_bt, prox_logp_bt)
+  prox_logp_bt = logp_bt if params.prox_logp_bt is None else params.prox_logp_bt
+  _check(logp_bt, behaviour_logp_bt, prox_logp_bt, mask_bt)
   b = logp_bt.shape[0]
   a = _adv_bt(adv, logp_bt.shape)
   prox = sg(prox_logp_bt)
-  w = jnp.minimum(jnp.exp(prox - behaviour_logp_bt), _per_seq(cap, b))
+  w = jnp.minimum(jnp.exp(prox - behaviour_logp_bt), _per_seq(params.cap, b))
   ratio = jnp.exp(logp_bt - prox)
-  loss, low, high = _clipped_surrogate(ratio, a, _per_seq(eps_low, b), _per_seq(eps_high, b))
+  loss, low, high = _clipped_surrogate(ratio, a, _per_seq(params.eps_low, b),
+                                       _per_seq(params.eps_high, b))
   return sg(w) * loss, LossInfo(ratio, low, high)
 
 
-def gspo_loss(logp_bt, behaviour_logp_bt, mask_bt, adv_b, eps_low, eps_high):
+def gspo_loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams = LossParams()):
   """GSPO: clipped surrogate on the length-normalised sequence ratio.
 
   Zheng et al. 2025 (Group Sequence Policy Optimization, arXiv 2507.18071 §4.1):
@@ -161,56 +203,84 @@ def gspo_loss(logp_bt, behaviour_logp_bt, mask_bt, adv_b, eps_low, eps_high):
   paper's (1/G) Σ_i ℓ_i exactly (other modes weight sequences by length).
 
   Args:
-    logp_bt, behaviour_logp_bt: [B, T] float32. mask_bt: [B, T] bool.
-    adv_b: [B] float32 sequence advantages.
-    eps_low, eps_high: float or [B] (the paper uses ~3e-4 / 4e-4).
+    logp_bt, behaviour_logp_bt: [B, T] float32. mask_bt: [B, T] bool, the tokens |y_i|.
+    adv: [B] float32 sequence advantages.
+    params: reads ``eps_low``, ``eps_high`` (float or [B]; the paper uses ~3e-4 / 4e-4).
 
   Returns:
     (loss [B, T] float32, 0 off the mask; LossInfo with s_i broadcast over tokens).
+
+  Raises:
+    AssertionError (chex): rank or shape mismatch, or per-token ``adv``.
   """
   _check(logp_bt, behaviour_logp_bt, mask_bt)
-  chex.assert_rank(adv_b, 1)
+  chex.assert_rank(adv, 1)
   b = logp_bt.shape[0]
   m = mask_bt.astype(jnp.float32)
   n = jnp.maximum(m.sum(-1, keepdims=True), 1.0)
   s = jnp.exp(jnp.sum((logp_bt - behaviour_logp_bt) * m, -1, keepdims=True) / n)  # [B, 1]
-  loss, low, high = _clipped_surrogate(s, adv_b.astype(jnp.float32)[:, None],
-                                       _per_seq(eps_low, b), _per_seq(eps_high, b))
+  loss, low, high = _clipped_surrogate(s, adv.astype(jnp.float32)[:, None],
+                                       _per_seq(params.eps_low, b), _per_seq(params.eps_high, b))
   shape = logp_bt.shape
   return (jnp.broadcast_to(loss, shape) * m,
           LossInfo(jnp.broadcast_to(s, shape), jnp.broadcast_to(low, shape) & mask_bt,
                    jnp.broadcast_to(high, shape) & mask_bt))
 
 
-def asymre_loss(logp_bt, rewards_b, baseline_b, delta_v: float):
+def asymre_loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams = LossParams()):
   """AsymRE (Arnal et al. 2025, arXiv 2506.20520 §3; jaxreplay paper §5.5).
 
   loss_t = −(r − (V̂ + δV)) · logp_t: REINFORCE with the group-mean baseline V̂ shifted
-  by δV (< 0 lowers it), no importance ratio.
+  by δV (< 0 lowers it), no importance ratio. ``adv`` is Dr. GRPO's A = r − V̂
+  (``advantages.dr_grpo``), so V̂ = r − A.
 
   Args:
-    logp_bt: [B, T] float32. rewards_b, baseline_b: [B] float32 (V̂ = group mean).
-    delta_v: baseline shift δV (the paper uses −0.1).
+    logp_bt, behaviour_logp_bt: [B, T] float32 (μ only enters ``LossInfo.ratio``).
+    adv: [B] float32, r − V̂. mask_bt: [B, T] bool (shape only).
+    params: reads ``rewards_b`` ([B] float32 r, required) and ``delta_v`` (δV; the paper
+      uses −0.1).
 
   Returns:
-    [B, T] float32.
+    (loss [B, T] float32, LossInfo with the ratio π/μ and nothing clipped).
+
+  Raises:
+    ValueError: ``params.rewards_b`` is None.
+    AssertionError (chex): rank or shape mismatch.
   """
-  chex.assert_rank([logp_bt, rewards_b, baseline_b], [2, 1, 1])
-  chex.assert_equal_shape([rewards_b, baseline_b])
-  return -(rewards_b - (baseline_b + delta_v)).astype(jnp.float32)[:, None] * logp_bt
+  if params.rewards_b is None:
+    raise ValueError("asymre_loss needs params.rewards_b (the baseline is V̂ = r − adv)")
+  _check(logp_bt, behaviour_logp_bt, mask_bt)
+  chex.assert_rank([adv, params.rewards_b], [1, 1])
+  chex.assert_equal_shape([adv, params.rewards_b])
+  rewards_b = params.rewards_b
+  baseline_b = rewards_b - adv
+  loss = -(rewards_b - (baseline_b + params.delta_v)).astype(jnp.float32)[:, None] * logp_bt
+  return loss, _unclipped(jnp.exp(sg(logp_bt) - behaviour_logp_bt))
 
 
-def reinforce_loss(logp_bt, adv):
+def reinforce_loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams = LossParams()):
   """On-policy REINFORCE (Williams 1992, eq. 11 with baseline): loss_t = −A · logp_t.
 
   Args:
-    logp_bt: [B, T] float32. adv: [B] or [B, T] float32.
+    logp_bt, behaviour_logp_bt: [B, T] float32 (μ only enters ``LossInfo.ratio``).
+    adv: [B] or [B, T] float32. mask_bt: [B, T] bool (shape only).
+    params: unused (the shared contract).
 
   Returns:
-    [B, T] float32.
+    (loss [B, T] float32, LossInfo with the ratio π/μ and nothing clipped).
+
+  Raises:
+    AssertionError (chex): rank or shape mismatch.
   """
-  chex.assert_rank(logp_bt, 2)
-  return -_adv_bt(adv, logp_bt.shape) * logp_bt
+  _check(logp_bt, behaviour_logp_bt, mask_bt)
+  loss = -_adv_bt(adv, logp_bt.shape) * logp_bt
+  return loss, _unclipped(jnp.exp(sg(logp_bt) - behaviour_logp_bt))
+
+
+# Every policy loss by name (the choices of ``AlgoSpec.loss``). Each follows the contract of
+# the module docstring, so a caller dispatches through this table.
+POLICY_LOSSES = {"ppo_clip": ppo_clip_loss, "tis": tis_loss, "decoupled": decoupled_loss,
+                 "gspo": gspo_loss, "asymre": asymre_loss, "reinforce": reinforce_loss}
 
 
 def ratio_in_range(ratio_bt, c: float) -> jax.Array:

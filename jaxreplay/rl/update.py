@@ -228,25 +228,10 @@ def objective(spec: AlgoSpec, logp_bt, entropy_bt, batch: Rollout, weights_b, st
   else:
     adv = batch.advantages
 
-  name = spec.loss
-  if name == "ppo_clip":
-    pg, info = losses.ppo_clip_loss(logp_bt, mu, adv, tr.eps_low, tr.eps_high)
-  elif name == "tis":
-    pg, info = losses.tis_loss(logp_bt, mu, adv, tr.cap)
-  elif name == "decoupled":
-    prox = sg(logp_bt) if prox_logp_bt is None else prox_logp_bt
-    pg, info = losses.decoupled_loss(logp_bt, mu, prox, adv, tr.eps_low, tr.eps_high, tr.cap)
-  elif name == "gspo":
-    pg, info = losses.gspo_loss(logp_bt, mu, mask, adv, tr.eps_low, tr.eps_high)
-  elif name in ("asymre", "reinforce"):
-    if name == "asymre":  # stored advantages are Dr.GRPO's r − V̂ (see docs), so V̂ = r − A
-      pg = losses.asymre_loss(logp_bt, batch.rewards, batch.rewards - adv, spec.delta_v)
-    else:
-      pg = losses.reinforce_loss(logp_bt, adv)
-    none = jnp.zeros(logp_bt.shape, bool)
-    info = losses.LossInfo(jnp.exp(sg(logp_bt) - mu), none, none)
-  else:
-    raise ValueError(f"algo.loss={name!r} is not one of {losses.LOSSES}")
+  params = losses.LossParams(eps_low=tr.eps_low, eps_high=tr.eps_high, cap=tr.cap,
+                             delta_v=spec.delta_v, prox_logp_bt=prox_logp_bt,
+                             rewards_b=batch.rewards)
+  pg, info = losses.POLICY_LOSSES[spec.loss](logp_bt, mu, adv, mask, params)
 
   keep = losses.ratio_in_range(sg(jnp.exp(logp_bt - mu)), spec.ratio_mask_c)
   tok = jnp.where(keep, pg, 0.0)
