@@ -11,7 +11,7 @@ OUT=${OUT:-/tmp}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import jax, flax, optax, chex; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
-if ! python3 -c "from jaxreplay.models import Transformer; import jaxreplay.sampling, jaxreplay.rl.update" 2>$OUT/import_err.txt; then
+if ! python3 -c "from jaxreplay.models import Transformer; import jaxreplay.sampling, jaxreplay.rl.train_step" 2>$OUT/import_err.txt; then
   tail -3 $OUT/import_err.txt
   python3 -m pip install -q --no-deps --target /tmp/extra .gpu/wheels/*.whl && export PYTHONPATH=/tmp/extra
   python3 -c "import flax; print('using carried flax', flax.__version__)"

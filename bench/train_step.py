@@ -2,7 +2,7 @@
 
 Protocol (issue 6): a randomly initialised decoder at a real checkpoint's shapes (default
 Qwen2.5-0.5B: 24 layers × 896 hidden, 14/2 heads, SwiGLU 4864, vocab 151936, tied
-embeddings) takes jaxreplay's full off-policy learner step (``rl.update.make_train_step``:
+embeddings) takes jaxreplay's full off-policy learner step (``rl.train_step.make_train_step``:
 forward, per-token log-probs and entropy over the whole vocabulary, PPO-clip loss against
 stored behaviour log-probs, backward, global-norm clipping and AdamW) on a random batch of
 B rollouts of T tokens (the first ``--prompt`` of them prompt). After two warm-up calls
@@ -80,14 +80,16 @@ def main():
 
   from jaxreplay.models import Transformer
   from jaxreplay.models.hf import config_from_hf
-  from jaxreplay.rl.update import AlgoSpec, init_train_state, make_optimizer, make_train_step
+  from jaxreplay.rl.spec import AlgoSpec
+  from jaxreplay.rl.train_step import init_train_state, make_optimizer, make_train_step
   from jaxreplay.rollout import Rollout
 
   hf = TINY if a.tiny else QWEN25_05B
   cfg = config_from_hf(hf, dtype=a.dtype, param_dtype=a.param_dtype)
   graphdef, params = nnx.split(Transformer(cfg, nnx.Rngs(0)), nnx.Param)
-  spec = AlgoSpec()  # PPO-clip, GRPO advantages, token-mean aggregation
-  optimizer = make_optimizer(1e-6, 0, 1.0)
+  # PPO-clip, GRPO advantages, token-mean aggregation; Adam at a constant 1e-6
+  spec = AlgoSpec(lr=1e-6, warmup_steps=0, lr_schedule="constant")
+  optimizer = make_optimizer(spec, 0)
   state = init_train_state(graphdef, params, optimizer, spec)
   train_step = make_train_step(graphdef, optimizer, spec, 1.0)
 

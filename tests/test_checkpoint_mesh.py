@@ -19,7 +19,7 @@ from flax import nnx
 from jaxreplay import replay
 from jaxreplay.models import Transformer, TransformerConfig
 from jaxreplay.parallel import make_mesh, param_shardings
-from jaxreplay.rl.update import init_train_state, make_optimizer
+from jaxreplay.rl.train_step import init_train_state, scheduled_adamw
 from jaxreplay.rollout import empty_rollout
 from jaxreplay.train import checkpoint as ckpt
 
@@ -31,7 +31,7 @@ MODEL = TransformerConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv
 def build():
   """Train state after 2 Adam updates, a buffer with 12 of 16 slots written, key(7) data."""
   graphdef, params = nnx.split(Transformer(MODEL, nnx.Rngs(3)), nnx.Param)
-  opt = make_optimizer(1e-2, 0, 1.0)
+  opt = scheduled_adamw(1e-2, 0, 1.0)
   from jaxreplay.config import load_config
   algo = load_config(os.path.join(ROOT, "configs", "default.py")).algo
   state = init_train_state(graphdef, params, opt, algo)

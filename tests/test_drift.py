@@ -9,7 +9,7 @@ from flax import nnx
 
 from jaxreplay import replay
 from jaxreplay.models import Transformer, TransformerConfig
-from jaxreplay.rl.update import token_logprobs
+from jaxreplay.rl.scoring import token_logprobs
 from jaxreplay.rollout import empty_rollout
 from jaxreplay.train.drift import drift_stats, make_drift_fn, sample_slots
 

@@ -160,7 +160,8 @@ def test_gae_objective_2x4_loss_and_gradients():
   1 the policy term is −Σ A_t·r_t / 5 (value −ΣA/5, gradient −A_t/5); the value term is
   vf · ½ Σ (V − R)² / 5 = vf · ½ Σ A² / 5 with gradient vf · (V − R)/5 = −vf·A_t/5.
   """
-  from jaxreplay.rl import update
+  from jaxreplay.rl.objective import gae_advantages, objective
+  from jaxreplay.rl.spec import AlgoSpec
   from jaxreplay.rollout import Rollout
   val = np.array([[0.5, 0.2, 0.8, 9.0], [0.1, -0.3, 9.0, 9.0]], np.float32)
   a = np.array([[-0.0455, 0.61, 0.2, 0], [-0.685, -0.7, 0, 0]], np.float32)
@@ -169,12 +170,13 @@ def test_gae_objective_2x4_loss_and_gradients():
                   rewards=jnp.array([1.0, -1.0]), advantages=jnp.zeros(2),
                   group_id=jnp.zeros(2, jnp.int32), policy_version=jnp.zeros(2, jnp.int32),
                   truncated=jnp.zeros(2, bool))
-  spec = update.AlgoSpec.from_config(dict(advantage="gae", gae_gamma=0.9, gae_lambda=0.5,
-                                          gae_whiten=False, vf_coef=0.5, value_clip=0.2))
+  spec = AlgoSpec.from_config(dict(advantage="gae", gae_gamma=0.9, gae_lambda=0.5,
+                                   gae_whiten=False, vf_coef=0.5, value_clip=0.2))
 
   def f(lp, v):
-    return update.objective(spec, lp, jnp.zeros_like(lp), batch, jnp.ones(2),
-                            jnp.zeros(2, jnp.int32), values_bt=v)
+    adv, ret = gae_advantages(spec, batch, v)
+    return objective(spec, lp, jnp.zeros_like(lp), batch, jnp.ones(2), jnp.zeros(2, jnp.int32),
+                     adv_bt=adv, returns_bt=ret, values_bt=v)
 
   (loss, m), (g_lp, g_v) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(
       jnp.asarray(LOGP), jnp.asarray(val))
@@ -208,18 +210,24 @@ def test_gae_with_kl_reward_penalty_by_hand():
   V = 0 make A_t the reward-to-go: row 0 r = [−0.1, −0.1, 0.9] → A = [0.7, 0.8, 0.9];
   row 1 r = [−0.1, −1.1] → A = [−1.2, −1.1]. At ratio 1 the gradient is −A_t/5.
   """
-  from jaxreplay.rl import update
+  from jaxreplay.rl.objective import gae_advantages, objective
+  from jaxreplay.rl.spec import AlgoSpec
   from jaxreplay.rollout import Rollout
   batch = Rollout(tokens=jnp.zeros((2, 4), jnp.int32), attention_mask=jnp.asarray(MASK),
                   completion_mask=jnp.asarray(MASK), behaviour_logprobs=jnp.asarray(LOGP),
                   rewards=jnp.array([1.0, -1.0]), advantages=jnp.zeros(2),
                   group_id=jnp.zeros(2, jnp.int32), policy_version=jnp.zeros(2, jnp.int32),
                   truncated=jnp.zeros(2, bool))
-  spec = update.AlgoSpec.from_config(dict(advantage="gae", gae_gamma=1.0, gae_lambda=1.0,
-                                          gae_whiten=False, kl_coef=0.5, kl_estimator="k1",
-                                          kl_mode="reward"))
-  g = jax.grad(lambda lp: update.objective(
-      spec, lp, jnp.zeros_like(lp), batch, jnp.ones(2), jnp.zeros(2, jnp.int32),
-      ref_logp_bt=jnp.asarray(LOGP) - 0.2, values_bt=jnp.zeros((2, 4)))[0])(jnp.asarray(LOGP))
+  spec = AlgoSpec.from_config(dict(advantage="gae", gae_gamma=1.0, gae_lambda=1.0,
+                                   gae_whiten=False, kl_coef=0.5, kl_estimator="k1",
+                                   kl_mode="reward"))
+  ref, v = jnp.asarray(LOGP) - 0.2, jnp.zeros((2, 4))
+
+  def f(lp):
+    adv, ret = gae_advantages(spec, batch, v, logp_bt=lp, ref_logp_bt=ref)
+    return objective(spec, lp, jnp.zeros_like(lp), batch, jnp.ones(2), jnp.zeros(2, jnp.int32),
+                     adv_bt=adv, returns_bt=ret, ref_logp_bt=ref, values_bt=v)[0]
+
+  g = jax.grad(f)(jnp.asarray(LOGP))
   a = np.array([[0.7, 0.8, 0.9, 0], [-1.2, -1.1, 0, 0]], np.float32)
   np.testing.assert_allclose(g, -a / 5, atol=1e-6)

@@ -12,7 +12,10 @@ import pytest
 from flax import nnx
 
 from jaxreplay.models.transformer import Transformer, TransformerConfig
-from jaxreplay.rl import update, value
+from jaxreplay.rl import train_step, value
+from jaxreplay.rl.objective import objective
+from jaxreplay.rl.scoring import token_logprobs
+from jaxreplay.rl.spec import AlgoSpec
 from jaxreplay.rollout import Rollout
 
 B, T = 4, 6
@@ -37,7 +40,7 @@ def model_and_batch():
   tokens = jax.random.randint(jax.random.key(1), (B, T), 1, 16)
   attn = jnp.ones((B, T), bool)
   comp = jnp.zeros((B, T), bool).at[:, 3:].set(True).at[3, 5].set(False)
-  logp, _ = jax.jit(update.token_logprobs, static_argnums=0)(graphdef, params, tokens, attn)
+  logp, _ = jax.jit(token_logprobs, static_argnums=0)(graphdef, params, tokens, attn)
   batch = Rollout(tokens=tokens, attention_mask=attn, completion_mask=comp,
                   behaviour_logprobs=jnp.where(comp, logp, 0.0),
                   rewards=jnp.array([1.0, 0.0, 1.0, 0.0]),
@@ -69,14 +72,14 @@ def test_forward_with_hidden_matches_model(model_and_batch):
 def test_equal_parameter_gradients_at_ratio_one(model_and_batch):
   _, graphdef, params, batch = model_and_batch
   names = ("ppo_clip", "tis", "decoupled", "reinforce")
-  specs = [update.AlgoSpec.from_config({"loss": n}) for n in names]
+  specs = [AlgoSpec.from_config({"loss": n}) for n in names]
   zero = jnp.zeros(B, jnp.int32)
 
   @jax.jit
   def grads(p):
     def f(p, sp):
-      logp, ent = update.token_logprobs(graphdef, p, batch.tokens, batch.attention_mask)
-      return update.objective(sp, logp, ent, batch, jnp.ones(B), zero)[0]
+      logp, ent = token_logprobs(graphdef, p, batch.tokens, batch.attention_mask)
+      return objective(sp, logp, ent, batch, jnp.ones(B), zero)[0]
     return [jax.grad(f)(p, sp) for sp in specs]
 
   gs = grads(params)
@@ -89,11 +92,11 @@ def test_equal_parameter_gradients_at_ratio_one(model_and_batch):
 def test_train_step_default_config_metrics_staleness_and_skips(model_and_batch):
   _, graphdef, params, batch = model_and_batch
   algo = default_algo()
-  opt = update.make_optimizer(1e-2, 0, 1.0)
+  opt = train_step.scheduled_adamw(1e-2, 0, 1.0)
   p0 = fresh(params)
-  state = update.TrainState(params=p0, opt_state=opt.init(p0), step=jnp.int32(0),
+  state = train_step.TrainState(params=p0, opt_state=opt.init(p0), step=jnp.int32(0),
                             skipped=jnp.int32(0))
-  step = update.make_train_step(graphdef, opt, algo, 1.0)
+  step = train_step.make_train_step(graphdef, opt, algo, 1.0)
   before = fresh(p0)
   state, m = step(state, batch, jnp.ones(B))
   for k in REQUIRED:
@@ -118,11 +121,11 @@ def test_gae_kl_decoupled_epochs(model_and_batch):
   _, graphdef, params, batch = model_and_batch
   algo = dict(advantage="gae", loss="decoupled", kl_coef=0.05, kl_estimator="k3",
               update_epochs=2, num_minibatches=2, gae_gamma=1.0, gae_lambda=0.9, vf_coef=0.5)
-  opt = update.make_optimizer(3e-2, 0, 1.0)
-  state = update.init_train_state(graphdef, fresh(params), opt, algo)
+  opt = train_step.scheduled_adamw(3e-2, 0, 1.0)
+  state = train_step.init_train_state(graphdef, fresh(params), opt, algo)
   assert state.value_params is not None and state.ref_params is not None
   ref0 = fresh(state.ref_params)
-  step = update.make_train_step(graphdef, opt, algo, 1.0)
+  step = train_step.make_train_step(graphdef, opt, algo, 1.0)
   state, m = step(state, batch, jnp.ones(B))
   assert np.isfinite(float(m["loss"])) and float(m["skipped_update"]) == 0
   assert float(jnp.abs(state.value_params["w"][...]).max()) > 0  # the critic learned
@@ -137,17 +140,18 @@ def test_gae_kl_decoupled_epochs(model_and_batch):
 
 def test_missing_reference_or_value_head_raises(model_and_batch):
   _, graphdef, params, batch = model_and_batch
-  opt = update.make_optimizer(1e-3, 0, 1.0)
-  plain = update.TrainState(params=params, opt_state=opt.init(params), step=jnp.int32(0),
+  opt = train_step.scheduled_adamw(1e-3, 0, 1.0)
+  plain = train_step.TrainState(params=params, opt_state=opt.init(params), step=jnp.int32(0),
                             skipped=jnp.int32(0))
+  make = lambda algo: train_step.make_train_step(graphdef, opt, algo, 1.0)
   with pytest.raises(ValueError, match="ref_params"):
-    update.make_train_step(graphdef, opt, {"kl_coef": 0.1}, 1.0)(plain, batch, jnp.ones(B))
+    make({"kl_coef": 0.1})(plain, batch, jnp.ones(B))
   with pytest.raises(ValueError, match="value_params"):
-    update.make_train_step(graphdef, opt, {"advantage": "gae"}, 1.0)(plain, batch, jnp.ones(B))
+    make({"advantage": "gae"})(plain, batch, jnp.ones(B))
   with pytest.raises(ValueError, match="num_minibatches"):
-    update.make_train_step(graphdef, opt, {"num_minibatches": 3}, 1.0)(plain, batch, jnp.ones(B))
+    make({"num_minibatches": 3})(plain, batch, jnp.ones(B))
   with pytest.raises(ValueError, match=r"algo\.loss='ppo2'"):
-    update.make_train_step(graphdef, opt, {"loss": "ppo2"}, 1.0)
+    make({"loss": "ppo2"})
 
 
 @pytest.mark.parametrize("aggregation,epochs", [("token_mean", 1), ("seq_mean_token_mean", 2)])
@@ -169,7 +173,7 @@ def test_loss_metric_is_the_whole_batch_loss_over_minibatches(model_and_batch, a
   comp = np.zeros((B, T), bool)
   comp[0, 5] = True
   comp[2:, 3:] = True
-  logp, _ = jax.jit(update.token_logprobs, static_argnums=0)(graphdef, params, batch.tokens,
+  logp, _ = jax.jit(token_logprobs, static_argnums=0)(graphdef, params, batch.tokens,
                                                             batch.attention_mask)
   batch = batch.replace(completion_mask=jnp.asarray(comp),
                         behaviour_logprobs=jnp.where(comp, logp, 0.0),
@@ -179,9 +183,9 @@ def test_loss_metric_is_the_whole_batch_loss_over_minibatches(model_and_batch, a
   got = {}
   for nm in (1, 2):
     algo = dict(aggregation=aggregation, num_minibatches=nm, update_epochs=epochs)
-    step = update.make_train_step(graphdef, opt, algo, 1.0)
+    step = train_step.make_train_step(graphdef, opt, algo, 1.0)
     p = fresh(params)
-    state = update.TrainState(params=p, opt_state=opt.init(p), step=jnp.int32(0),
+    state = train_step.TrainState(params=p, opt_state=opt.init(p), step=jnp.int32(0),
                               skipped=jnp.int32(0))
     _, got[nm] = step(state, batch, jnp.ones(B))
   want = {"token_mean": -0.1 / 7, "seq_mean_token_mean": -0.7 / 3}[aggregation]
@@ -189,3 +193,32 @@ def test_loss_metric_is_the_whole_batch_loss_over_minibatches(model_and_batch, a
     assert float(got[1][key]) == pytest.approx(want, abs=1e-5), key
     assert float(got[2][key]) == pytest.approx(float(got[1][key]), rel=1e-6, abs=1e-7), key
   assert float(got[2]["tokens"]) == float(got[1]["tokens"]) == 7.0
+
+
+def test_make_optimizer_reads_the_algo_section():
+  """``make_optimizer(algo, train.steps)`` is ``scheduled_adamw`` with the ``algo`` fields; the
+  cosine schedule spans steps × update_epochs × num_minibatches optimizer steps, and with
+  no learner steps planned the schedule is warmup-then-constant."""
+  import optax
+  algo = dict(lr=1e-2, warmup_steps=2, lr_schedule="cosine", final_lr_fraction=0.1,
+              max_grad_norm=0.5, weight_decay=0.01, update_epochs=2, num_minibatches=2)
+  x = {"w": jnp.array([1.0, -2.0, 3.0])}
+
+  def run(opt):
+    state, p, out = opt.init(x), x, []
+    for i in range(8):
+      u, state = opt.update(jax.tree.map(lambda a: a * (i + 1), p), state, p)
+      p = optax.apply_updates(p, u)
+      out.append(np.asarray(p["w"]))
+    return np.stack(out)
+
+  flat = dict(weight_decay=0.01, final_lr_fraction=0.1)
+  cosine = run(train_step.scheduled_adamw(1e-2, 2, 0.5, schedule="cosine", total_steps=12, **flat))
+  np.testing.assert_array_equal(run(train_step.make_optimizer(algo, 3)), cosine)
+  np.testing.assert_array_equal(run(train_step.make_optimizer(AlgoSpec(**algo), 0)),
+                                run(train_step.scheduled_adamw(1e-2, 2, 0.5, **flat)))
+  assert not np.array_equal(run(train_step.make_optimizer(algo, 4)), cosine)
+  with pytest.raises(ValueError, match=r"algo\.lr_schedule='cosine'.*algo\.warmup_steps=2"):
+    train_step.make_optimizer(dict(algo, update_epochs=1, num_minibatches=1), 2)
+  with pytest.raises(ValueError, match=r"schedule='linear' is not one of"):
+    train_step.scheduled_adamw(1e-2, 0, 1.0, schedule="linear")

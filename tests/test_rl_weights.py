@@ -8,14 +8,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxreplay.rl import diagnostics, losses, update, weights
+from jaxreplay.rl import diagnostics, losses, weights
+from jaxreplay.rl.objective import objective
+from jaxreplay.rl.spec import AlgoSpec
 from jaxreplay.rollout import Rollout
 
-objective = update.objective  # eager: op kernels are cached across tests, cheaper than one XLA compile per spec
+# ``objective`` runs eagerly here: op kernels are cached across tests, cheaper than one XLA
+# compile per spec.
 
 
-def spec(**kw) -> update.AlgoSpec:
-  return update.AlgoSpec.from_config(kw)
+def spec(**kw) -> AlgoSpec:
+  return AlgoSpec.from_config(kw)
 
 
 def make_batch(mu, mask, adv, rewards=None, truncated=None, version=None) -> Rollout:
@@ -185,7 +188,7 @@ def test_case10_kl_term_adds_beta_times_estimate(logp, ref, est, excess):
   assert float(with_kl - base) == pytest.approx(excess, abs=1e-6)
   assert "kl_ref" in m
   with pytest.raises(ValueError, match="reference"):
-    update.objective(spec(kl_coef=0.1), *args)
+    objective(spec(kl_coef=0.1), *args)
 
 
 def test_ratio_mask_zeroes_gradient_but_keeps_normaliser():

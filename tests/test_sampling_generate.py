@@ -11,7 +11,7 @@ from jaxreplay.models import Transformer, TransformerConfig, init_cache, positio
 from jaxreplay.models.logit_processing import (nucleus_keep, process_logits,
                                                token_logprobs_from_logits)
 from jaxreplay.parallel import make_mesh, spec_for
-from jaxreplay.rl.update import token_logprobs
+from jaxreplay.rl.scoring import token_logprobs
 from jaxreplay.sampling import generate, postprocess_stops
 from jaxreplay.sampling.generate import categorical, sample_token
 
@@ -262,7 +262,8 @@ def test_sharded_generation_matches_one_device(policy, sampled):
 def full_softmax_step(policy):
   """(optimizer, spec, train step without truncation): compiled once for the cases below."""
   import optax
-  from jaxreplay.rl.update import AlgoSpec, make_train_step
+  from jaxreplay.rl.spec import AlgoSpec
+  from jaxreplay.rl.train_step import make_train_step
   opt, spec = optax.sgd(0.0), AlgoSpec()
   return opt, spec, make_train_step(policy[0], opt, spec, TEMP)
 
@@ -271,7 +272,7 @@ def full_softmax_step(policy):
 def test_train_step_ratio_is_one_under_truncation(policy, full_softmax_step, top_k, top_p):
   """The learner recomputes log-probs through the sampler's top-k/top-p: at the sampling
   parameters every importance ratio is 1 (the full softmax would give the kept mass S)."""
-  from jaxreplay.rl.update import init_train_state, make_train_step
+  from jaxreplay.rl.train_step import init_train_state, make_train_step
   from jaxreplay.rollout import Rollout
   graphdef, params = policy
   opt, spec, step_full = full_softmax_step

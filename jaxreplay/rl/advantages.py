@@ -3,7 +3,8 @@
 Group-relative estimators (``grpo``, ``dr_grpo``, ``rloo``) run once at generation time
 on rewards grouped as [P, G] (P prompts × G completions). ``gae`` is per token and
 needs a learned value function, so it runs inside the learner step
-(``jaxreplay.rl.update``) on the critic's values; at generation time it stores 0.
+(``jaxreplay.rl.objective.gae_advantages``) on the critic's values; at generation time it
+stores 0.
 
 Zero-spread convention (CASES.md case 5): a group whose rewards are all equal —
 detected exactly with ``max == min``, never through an epsilon — gets advantage exactly

@@ -9,7 +9,7 @@ token, the log-probability under the distribution it was actually drawn from, i.
 log(p_t / S) with S the mass that survives top-k/top-p (S = 1 without truncation).
 The trainer gets an importance ratio of exactly 1 at identical parameters when it
 recomputes log-probs through the same ``process_logits`` (with ``top_k=0, top_p=1``
-that is plain ``log_softmax(logits / temperature)``, what ``rl.update.token_logprobs``
+that is plain ``log_softmax(logits / temperature)``, what ``rl.scoring.token_logprobs``
 computes). ``Generation.full_logprobs`` holds the untruncated
 ``log_softmax(logits / temperature)[token]``, so full-softmax trainers can use it
 instead (their ratio at identical parameters is then also 1). Greedy decoding stores

@@ -1,0 +1,88 @@
+"""Per-token log-probs, entropy and critic values of stored rollouts under a policy.
+
+The distribution is the sampler's (``models.logit_processing.process_logits``): logits
+divided by the temperature, then top-k, then top-p renormalised. For the parameters that
+generated a rollout these log-probs equal the behaviour log-probs ``sampling.generate``
+recorded, so the importance ratio is exactly 1.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxreplay.models.logit_processing import process_logits
+from jaxreplay.rl import value
+
+# Log-prob given to a token outside the current policy's top-k/top-p set, whose log-prob
+# under the truncated distribution is -inf: finite, so its ratio is exactly 0 (it cannot be
+# sampled any more) and the metrics stay finite. Never reached without truncation.
+LOGP_FLOOR = -1e4
+
+
+def token_logprobs(graphdef: nnx.GraphDef, params, tokens: jax.Array, attention_mask: jax.Array,
+                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+                   ) -> tuple[jax.Array, jax.Array]:
+  """Per-token log-probs of ``tokens`` under the policy's sampling distribution, and its entropy.
+
+  The distribution is the sampler's (``models.logit_processing.process_logits``): logits
+  divided by ``temperature``, then top-k, then top-p renormalised — so for the same
+  parameters these equal the behaviour log-probs ``sampling.generate`` records and the
+  importance ratio is exactly 1. Without truncation this is ``log_softmax(logits / T)``.
+
+  Args:
+    graphdef, params: the policy (``nnx.split``).
+    tokens: [B, T] int32. attention_mask: [B, T] bool.
+    temperature: logits are divided by it (> 0), matching the sampler.
+    top_k, top_p: the sampler's truncation (static; 0 and 1 disable it).
+
+  Returns:
+    (logp [B, T] float32 with column 0 set to 0 — column t is log π(tokens_t | tokens_<t),
+     floored at ``LOGP_FLOOR`` for a token outside the truncated set;
+     entropy [B, T] float32 of the (truncated) distribution that predicted column t,
+     0 at column 0).
+
+  Raises:
+    ValueError: temperature <= 0, top_k < 0 or top_p outside [0, 1].
+  """
+  model = nnx.merge(graphdef, params)
+  return _scores(model(tokens, attention_mask), tokens, temperature, top_k, top_p)
+
+
+def _scores(logits_btv, tokens, temperature, top_k=0, top_p=1.0):
+  # predicts tokens[:, 1:]; dropped tokens at -inf when truncated
+  logits = process_logits(logits_btv[:, :-1], temperature, top_k, top_p)
+  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
+  logp = jnp.maximum(logp, LOGP_FLOOR)
+  probs = jnp.exp(logp_all)
+  ent = -jnp.sum(probs * jnp.where(probs > 0, logp_all, 0.0), axis=-1)  # 0·(-inf) -> 0
+  pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
+  return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
+
+
+def policy_and_values(graphdef: nnx.GraphDef, params, value_params, tokens: jax.Array,
+                      attention_mask: jax.Array, temperature: float, top_k: int = 0,
+                      top_p: float = 1.0) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``token_logprobs`` and the critic's values from one forward pass of the policy trunk.
+
+  Args:
+    graphdef, params: the policy (``nnx.split``). value_params: the ``value.ValueHead``
+      state (``value.init_value_params``).
+    tokens: [B, T] int32. attention_mask: [B, T] bool.
+    temperature, top_k, top_p: as ``token_logprobs``.
+
+  Returns:
+    (logp [B, T] float32, entropy [B, T] float32 — both as ``token_logprobs`` —,
+     values [B, T] float32 aligned with logp: column t holds V(tokens_<t), column 0 is 0).
+
+  Raises:
+    ValueError: as ``token_logprobs``.
+    RuntimeError: the model did not call ``final_norm`` once (``value.forward_with_hidden``).
+  """
+  model = nnx.merge(graphdef, params)
+  logits, hidden = value.forward_with_hidden(model, tokens, attention_mask)
+  head = nnx.merge(value.value_graphdef(), value_params)
+  logp, ent = _scores(logits, tokens, temperature, top_k, top_p)
+  return logp, ent, value.token_values(head, hidden)
