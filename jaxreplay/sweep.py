@@ -247,17 +247,25 @@ def _summary_line(run: Run) -> str:
     return ""
 
 
-def execute(cmd: list[str], log_path: str) -> int:
+def execute(cmd: list[str], log_path: str, cache_dir: str | None = None) -> int:
   """Runs ``cmd`` with stdout and stderr appended to ``log_path``; its exit status.
 
   The child gets its own process group; an interrupt of the sweep stops it (and only it)
-  before re-raising.
+  before re-raising. With ``cache_dir`` (and no ``JAX_COMPILATION_CACHE_DIR`` already in
+  the environment) the child uses JAX's persistent compilation cache there: the runs of
+  one configuration compile the same programs for every seed, and a cached executable
+  gives the same numbers (measured: a 10-step run 36 s → 20 s, identical metrics).
   """
+  env = dict(os.environ)
+  if cache_dir is not None and "JAX_COMPILATION_CACHE_DIR" not in env:
+    env.update(JAX_COMPILATION_CACHE_DIR=os.path.abspath(cache_dir),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
   os.makedirs(os.path.dirname(log_path), exist_ok=True)
   with open(log_path, "a") as log:
     log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
     log.flush()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=env)
     try:
       return proc.wait()
     except BaseException:
@@ -306,7 +314,7 @@ def run_grid(sweep: dict, workdir: str, only: str | None = None, dry_run: bool =
     print_fn(f"{head}: {'resuming' if resumed else 'running'} ({steps} steps, log "
              f"{os.path.join(run.workdir, 'sweep.log')})")
     t0 = time.time()
-    rc = execute(cmd, os.path.join(run.workdir, "sweep.log"))
+    rc = execute(cmd, os.path.join(run.workdir, "sweep.log"), os.path.join(workdir, "jax_cache"))
     dt = time.time() - t0
     if rc == 0 and finished(run, steps):
       print_fn(f"{head}: done in {dt:.0f} s{_summary_line(run)}")
