@@ -63,10 +63,11 @@ def test_rl_improves_the_policy(rl_run):
   assert last > first + 0.03, (first, last)
   assert s["acc_sampled_after"] > s["acc_sampled_before"] + 0.03, s
   assert s["acc_greedy_after"] >= s["acc_greedy_before"] - 0.03, s
-  # accounting: every step generated R rollouts and trained on B of them
-  assert s["generated_rollouts"] == s["steps"] * 128
+  # accounting: every step generated R rollouts (step 0 two rounds: B = 2R items before
+  # the first draw) and trained on B of them
+  assert s["generated_rollouts"] == (s["steps"] + 1) * 128
   assert recs[-1]["trained_samples"] == s["steps"] * 256
-  assert recs[-1]["replay_ratio"] == pytest.approx(2.0)
+  assert recs[-1]["replay_ratio"] == pytest.approx(2.0 * s["steps"] / (s["steps"] + 1))
   assert 0 < recs[-1]["generated_tokens"] <= s["generated_rollouts"] * 6
   assert sum(recs[-1]["staleness_hist"]) == 256 and recs[-1]["staleness_max"] <= 3
   assert os.path.isdir(os.path.join(wd, "checkpoints", str(s["steps"])))

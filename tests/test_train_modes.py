@@ -91,9 +91,11 @@ def test_simulated_async_lag_and_exact_resume(cache_dir, tmp_path):
   led = s["ledger"]
   assert led["generated_tokens"] == (led["first_use_tokens"] + led["evicted_unused_tokens"]
                                      + led["unused_in_buffer_tokens"])
-  assert led["generated_rollouts"] == 6 * R and led["trained_samples"] == 6 * B
-  assert led["replay_ratio"] == 2.0 and led["mu_flops"] > 0
-  assert led["gamma_flops"] == pytest.approx((1 + led["mu_flops"] / 2) / (1 + led["mu_flops"]))
+  # B = 2R: step 0 generates two rounds before its first draw, then one per step
+  assert led["generated_rollouts"] == 7 * R and led["trained_samples"] == 6 * B
+  rho = 6 * B / (7 * R)  # 12/7
+  assert led["replay_ratio"] == pytest.approx(rho) and led["mu_flops"] > 0
+  assert led["gamma_flops"] == pytest.approx((1 + led["mu_flops"] / rho) / (1 + led["mu_flops"]))
   assert {"eval/pass@1", "eval/pass@2", "eval/entropy_fresh"} <= set(steps[-1])
   assert steps[-1]["eval/pass@1"] == pytest.approx(steps[-1]["eval/acc_sampled"], abs=1e-6)
   # interrupted after 3 steps (the snapshot ring is in the checkpoint), then resumed

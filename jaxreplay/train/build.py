@@ -27,7 +27,7 @@ from jaxreplay.models import hf as hf_models
 from jaxreplay.models.tokenizer import load_or_train_tokenizer
 from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.replay import rate_limiter as rate_lib
-from jaxreplay.rl.update import init_train_state, make_optimizer, make_train_step
+from jaxreplay.rl.train_step import init_train_state, make_optimizer, make_train_step
 from jaxreplay.rollout import empty_rollout
 from jaxreplay.tasks import make_task
 from jaxreplay.train import accounting
@@ -189,13 +189,8 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
   # --- learner and buffer, placed on the mesh --------------------------------------------
   # Parameters and optimizer state by PARAM_RULES, the buffer's capacity axis over "data",
   # the RNG key replicated; restores go into these layouts (any saved mesh restores).
-  optimizer = make_optimizer(cfg.algo.lr, cfg.algo.warmup_steps, cfg.algo.max_grad_norm,
-                             weight_decay=cfg.algo.weight_decay,
-                             # train.steps == 0 (evaluate only): no update, no schedule
-                             schedule=cfg.algo.lr_schedule if cfg.train.steps else "constant",
-                             total_steps=cfg.train.steps * cfg.algo.update_epochs
-                             * cfg.algo.num_minibatches,
-                             final_lr_fraction=cfg.algo.final_lr_fraction)
+  # train.steps == 0 (evaluate only): warm-up then constant, no decay to schedule
+  optimizer = make_optimizer(cfg.algo, cfg.train.steps)
   state = init_train_state(graphdef, params, optimizer, cfg.algo)
   state_sh = sharding_lib.param_shardings(state, mesh)
   state = jax.device_put(state, state_sh)

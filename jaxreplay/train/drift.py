@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxreplay.rl import diagnostics
-from jaxreplay.rl.update import token_logprobs
+from jaxreplay.rl.scoring import token_logprobs
 
 KEYS = ("kl", "ess_seq", "ess_token", "reward", "count")
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxreplay.rl.update import token_logprobs
+from jaxreplay.rl.scoring import token_logprobs
 from jaxreplay.sampling import generate
 from jaxreplay.tasks.base import Example
 from jaxreplay.train.policy import TextIO, score

@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxreplay.rl.advantages import compute_advantages
 from jaxreplay.rl.losses import kl_penalised_rewards
-from jaxreplay.rl.update import token_logprobs
+from jaxreplay.rl.scoring import token_logprobs
 from jaxreplay.rollout import Rollout
 from jaxreplay.sampling import generate
 from jaxreplay.train import accounting

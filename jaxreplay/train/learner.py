@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxreplay import replay
 from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.replay import stats as replay_stats
-from jaxreplay.rl.update import TrainState
+from jaxreplay.rl.train_step import TrainState
 from jaxreplay.train import accounting
 
 

@@ -23,7 +23,8 @@ from flax import nnx
 
 from jaxreplay.models import Transformer, TransformerConfig
 from jaxreplay.models.tokenizer import encode_answers
-from jaxreplay.rl.update import make_optimizer, token_logprobs
+from jaxreplay.rl.scoring import token_logprobs
+from jaxreplay.rl.train_step import scheduled_adamw
 
 
 def noisy_answers(answers, noise: float, rng: np.random.Generator) -> list[str]:
@@ -82,8 +83,8 @@ def train_base_policy(cfg, io, task, log=print, callback=None):
   model = Transformer(mcfg, nnx.Rngs(cfg.seed))
   graphdef, params = nnx.split(model, nnx.Param)
   ws = cfg.warmstart
-  opt = make_optimizer(ws.lr, ws.warmup_steps, 1.0, schedule="cosine",
-                       total_steps=max(ws.steps, ws.warmup_steps + 1), final_lr_fraction=0.1)
+  opt = scheduled_adamw(ws.lr, ws.warmup_steps, 1.0, schedule="cosine",
+                        total_steps=max(ws.steps, ws.warmup_steps + 1), final_lr_fraction=0.1)
   opt_state = opt.init(params)
 
   @jax.jit
