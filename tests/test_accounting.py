@@ -72,7 +72,7 @@ def test_unused_overwritten_and_unused_in_buffer(jit):
   s = replay.init(empty_rollout(1, 6), 4)
   s = replay.add(s, _rows([1, 2, 3, 4]), jnp.zeros(4, jnp.int32), 0)
   # slots 0 and 2 were sampled; the next add of 3 writes slots 0, 1, 2
-  s = s.replace(times_sampled=s.times_sampled.at[jnp.array([0, 2])].set(1))
+  s = replay.set_columns(s, times_sampled=s.times_sampled.at[jnp.array([0, 2])].set(1))
   n, toks = lost_fn(s, 3)
   assert (int(n), int(toks)) == (1, 2)  # only slot 1 (2 tokens) is lost unused
   n, toks = A.unused_in_buffer(s)

@@ -354,9 +354,9 @@ def test_no_recompilation_across_steps():
 
 
 def test_eviction_marks_the_state_and_uniform_sampling_skips_the_holes():
-  """A state evicted outside ``sample`` (rule in another config, or ``replace(valid=)``) is
-  marked ``may_have_holes``; the default uniform sampler then draws only live items. The
-  mark is static, so it changes a jitted caller's compiled version exactly once."""
+  """A state evicted outside ``sample`` (rule in another config, or ``set_columns(s,
+  valid=)``) is marked ``may_have_holes``; the default uniform sampler then draws only live
+  items. The mark is static, so it changes a jitted caller's compiled version exactly once."""
   traces = []
 
   @jax.jit
@@ -379,9 +379,9 @@ def test_eviction_marks_the_state_and_uniform_sampling_skips_the_holes():
   assert replay.init(_items(1), 8).may_have_holes  # the safe default
   fresh = replay.add(replay.init(_items(1), 8, evicts=False), _items(8),
                      jnp.zeros(8, jnp.int32), 0)
-  assert fresh.replace(valid=fresh.valid.at[0].set(False)).may_have_holes
+  assert replay.set_columns(fresh, valid=fresh.valid.at[0].set(False)).may_have_holes
   # a hole poked into `meta` directly is seen too
-  poked = fresh.replace(meta=fresh.meta.at[2:4, 4].set(0), size=6)  # column 4 = VALID
+  poked = replay.set_columns(fresh, meta=fresh.meta.at[2:4, 4].set(0), size=6)  # 4 = VALID
   assert poked.may_have_holes
   r = jax.jit(jax.vmap(lambda k: replay.sample(poked, k, 4, 0, 0)[1]))(
       jax.random.split(jax.random.key(1), 50))
@@ -420,19 +420,30 @@ def test_vmapped_sampling_uses_each_key():
   np.testing.assert_array_equal(np.asarray(swapped), np.asarray(batched)[::-1])
 
 
-def test_replace_takes_column_names_on_single_and_stacked_states():
+def test_set_columns_takes_column_names_on_single_and_stacked_states():
   s = replay.add(replay.init(_items(1), 4), _items(2), jnp.zeros(2, jnp.int32), 0)
-  t = s.replace(counters=jnp.array([7, 7, 7], jnp.int32), size=2)
+  t = replay.set_columns(s, counters=jnp.array([7, 7, 7], jnp.int32), size=2)
   np.testing.assert_array_equal(t.counters, [7, 2, 7])
   stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), s, s)
-  u = stacked.replace(size=jnp.array([1, 2]), valid=jnp.zeros((2, 4), bool))
+  u = replay.set_columns(stacked, size=jnp.array([1, 2]), valid=jnp.zeros((2, 4), bool))
   np.testing.assert_array_equal(u.size, [1, 2])
   assert not np.asarray(u.valid).any() and u.may_have_holes
   _, r = replay.sample(s, jax.random.key(0), 2, 0, 0)
-  r2 = r.replace(weights=jnp.array([0.5, 2.0]), staleness=jnp.array([3, 4]))
+  r2 = replay.set_columns(r, weights=jnp.array([0.5, 2.0]), staleness=jnp.array([3, 4]))
   np.testing.assert_array_equal(r2.weights, [0.5, 2.0])
   np.testing.assert_array_equal(r2.staleness, [3, 4])
   np.testing.assert_array_equal(r2.indices, r.indices)
+  # `.replace` is the plain dataclass replace: fields only, no hole mark
+  fresh = replay.add(replay.init(_items(1), 4, evicts=False), _items(2),
+                     jnp.zeros(2, jnp.int32), 0)
+  assert not fresh.replace(meta=fresh.meta).may_have_holes
+  with pytest.raises(TypeError):
+    fresh.replace(valid=fresh.valid)
+  with pytest.raises(TypeError, match="unknown keywords \\['vaild'\\]"):
+    replay.set_columns(fresh, vaild=fresh.valid)
+  with pytest.raises(TypeError, match="BufferState or SampleResult"):
+    replay.set_columns(rl.init(), sampled=1)
+  assert not replay.set_columns(fresh, valid=fresh.valid, may_have_holes=False).may_have_holes
 
 
 def test_bundle_donates_state():

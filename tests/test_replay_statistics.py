@@ -29,9 +29,10 @@ def _state(holes=False, used=False):
   s = replay.add(s, jax.tree.map(lambda x: x[:10], items), jnp.arange(10) // 2, 0)
   s = replay.add(s, jax.tree.map(lambda x: x[10:], items), 5 + jnp.arange(14) // 2, 1)
   if holes:
-    s = s.replace(valid=s.valid.at[jnp.array([0, 5, 6, 17])].set(False), size=s.size - 4)
+    s = replay.set_columns(s, valid=s.valid.at[jnp.array([0, 5, 6, 17])].set(False),
+                           size=s.size - 4)
   if used:
-    s = s.replace(times_sampled=s.times_sampled.at[jnp.arange(0, C, 3)].set(1))
+    s = replay.set_columns(s, times_sampled=s.times_sampled.at[jnp.arange(0, C, 3)].set(1))
   return s
 
 

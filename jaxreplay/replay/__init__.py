@@ -6,9 +6,9 @@ sampling pieces), ``rate_limiter`` (replay-ratio control) and ``stats`` (batch s
 
 from jaxreplay.replay.buffer import (SAMPLERS, BufferState, ReplayBuffer, SampleResult, add,
                                      can_sample, evict, init, make_replay_buffer, probabilities,
-                                     sample, shard, size, state_sharding)
+                                     sample, set_columns, shard, size, state_sharding)
 from jaxreplay.replay.config import SamplerConfig, from_config
 
 __all__ = ["SAMPLERS", "BufferState", "ReplayBuffer", "SampleResult", "SamplerConfig", "add",
            "can_sample", "evict", "from_config", "init", "make_replay_buffer", "probabilities",
-           "sample", "shard", "size", "state_sharding"]
+           "sample", "set_columns", "shard", "size", "state_sharding"]

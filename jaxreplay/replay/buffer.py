@@ -34,8 +34,8 @@ from jaxreplay.replay import samplers as S
 from jaxreplay.replay.config import SAMPLERS, SamplerConfig
 
 __all__ = ["SAMPLERS", "BufferState", "SampleResult", "init", "add", "sample", "evict",
-           "probabilities", "can_sample", "size", "shard", "state_sharding", "ReplayBuffer",
-           "make_replay_buffer"]
+           "probabilities", "can_sample", "size", "set_columns", "shard", "state_sharding",
+           "ReplayBuffer", "make_replay_buffer"]
 
 DEFAULT_CONFIG = SamplerConfig()
 
@@ -71,10 +71,12 @@ class BufferState:
       the uniform sampler maps ranks to slots with no check (no conditional in the compiled
       code, which costs XLA:CPU time); when True it checks, O(C) if there are holes.
       ``init`` sets it unless told ``evicts=False``; ``evict`` with a rule and
-      ``replace(valid=...)`` / ``replace(meta=...)`` set it.
+      ``set_columns(state, valid=...)`` / ``set_columns(state, meta=...)`` set it.
 
   Properties (views of ``meta`` / ``scores`` / ``counters``, with a leading batch axis if the
-  state is stacked; ``replace`` accepts them as keywords too):
+  state is stacked; ``set_columns`` takes them as keywords). ``size`` equals the number of
+  valid slots: ``add`` and ``evict`` keep it so, and a caller that sets ``valid`` sets it
+  too. ``replace`` is the plain dataclass replace (field names only).
     policy_version: [C] int32, version that generated each item.
     insert_step: [C] int32, learner step at insertion.
     times_sampled: [C] int32, number of draws of the item so far.
@@ -110,48 +112,6 @@ class BufferState:
   total_inserted = property(lambda self: self.counters[..., TOTAL_INSERTED])
 
 
-def _replace_packed(obj, packed: dict, **updates):
-  """``dataclasses.replace`` of ``obj`` that also sets named columns of its packed arrays.
-
-  ``packed`` maps a field name to ``(columns, dtype)``, ``columns`` a dict from column name
-  to index on the last axis (so stacked / batched objects work too). Whole-array updates
-  apply first, then column updates.
-  """
-  arrays = {field: updates.pop(field, getattr(obj, field)) for field in packed}
-  for field, (columns, dtype) in packed.items():
-    for name in [k for k in updates if k in columns]:
-      arrays[field] = arrays[field].at[..., columns[name]].set(
-          jnp.asarray(updates.pop(name), dtype))
-  return dataclasses.replace(obj, **arrays, **updates)
-
-
-_BUFFER_PACKED = {"meta": (_META_COLUMNS, jnp.int32), "scores": (_SCORE_COLUMNS, jnp.float32),
-                  "counters": (_COUNTER_COLUMNS, jnp.int32)}
-
-
-def _update(self: BufferState, **updates) -> BufferState:
-  """``replace`` taking the column names of ``meta`` / ``scores`` / ``counters`` (e.g.
-  ``valid=``, ``size=``). Internal: never changes ``may_have_holes`` unless given."""
-  return _replace_packed(self, _BUFFER_PACKED, **updates)
-
-
-def _replace(self: BufferState, **updates) -> BufferState:
-  """``dataclasses.replace`` that also takes the column names as keywords.
-
-  Accepts every field and every property name (``valid=``, ``times_sampled=``, ``reward=``,
-  ``size=``, ``write_index=`` ...); column updates apply after whole-array ones. Replacing
-  ``valid`` or ``meta`` (which holds the valid column) marks the state ``may_have_holes``
-  unless ``may_have_holes`` is given: a hole made that way is then always seen by
-  ``sample``. (``dataclasses.replace`` bypasses this; do not use it to evict.)
-  """
-  if ("valid" in updates or "meta" in updates) and "may_have_holes" not in updates:
-    updates["may_have_holes"] = True
-  return _update(self, **updates)
-
-
-BufferState.replace = _replace
-
-
 # Columns of ``SampleResult.per_item`` ([B, 4] int32) and ``SampleResult.sampling``
 # ([B, 2] float32): packed like ``BufferState.meta`` because every array a jitted ``sample``
 # returns to the host costs time there (issue 2; README performance section).
@@ -169,7 +129,7 @@ class SampleResult:
       ``STEPS_SINCE_LAST_USE``; read them through the properties below.
     sampling: [B, 2] float32, columns ``PROB``, ``WEIGHT``.
 
-  Properties (views of ``per_item`` / ``sampling``; ``replace`` accepts them as keywords):
+  Properties (views of ``per_item`` / ``sampling``; ``set_columns`` takes them as keywords):
     indices: [B] int32 slots.
     probs: [B] float32, marginal probability that one batch position holds this slot, so it
       sums to 1 over the valid slots (with replacement: the per-draw probability P(i);
@@ -199,13 +159,63 @@ _PER_ITEM_COLUMNS = {"indices": INDEX, "staleness": STALENESS,
 _SAMPLING_COLUMNS = {"probs": PROB, "weights": WEIGHT}
 
 
-def _replace_result(self: SampleResult, **updates) -> SampleResult:
-  """``dataclasses.replace`` that also takes the property names (e.g. ``weights=``)."""
-  return _replace_packed(self, {"per_item": (_PER_ITEM_COLUMNS, jnp.int32),
-                                "sampling": (_SAMPLING_COLUMNS, jnp.float32)}, **updates)
+_PACKED = {  # per class: packed field -> (column name -> index on the last axis, dtype)
+    BufferState: {"meta": (_META_COLUMNS, jnp.int32), "scores": (_SCORE_COLUMNS, jnp.float32),
+                  "counters": (_COUNTER_COLUMNS, jnp.int32)},
+    SampleResult: {"per_item": (_PER_ITEM_COLUMNS, jnp.int32),
+                   "sampling": (_SAMPLING_COLUMNS, jnp.float32)},
+}
 
 
-SampleResult.replace = _replace_result
+def _set(obj, **updates):
+  """``set_columns`` without the ``may_have_holes`` rule (the buffer's own writes)."""
+  packed = _PACKED[type(obj)]
+  arrays = {field: updates.pop(field, getattr(obj, field)) for field in packed}
+  for field, (columns, dtype) in packed.items():
+    for name in [k for k in updates if k in columns]:
+      arrays[field] = arrays[field].at[..., columns[name]].set(
+          jnp.asarray(updates.pop(name), dtype))
+  return dataclasses.replace(obj, **arrays, **updates)
+
+
+def set_columns(obj: BufferState | SampleResult, **updates) -> BufferState | SampleResult:
+  """A copy of a ``BufferState`` or ``SampleResult`` with whole arrays and named columns set.
+
+  Keywords are the dataclass fields (``items=``, ``meta=``, ``counters=``, ``per_item=`` ...)
+  and the column names, i.e. the properties (``valid=``, ``times_sampled=``, ``size=``,
+  ``write_index=``, ``weights=``, ``staleness=`` ...). Whole-array updates apply first, then
+  column updates, so ``set_columns(s, counters=c, size=2)`` is ``c`` with its ``SIZE``
+  column set to 2. Columns are on the last axis, so stacked states (a leading batch axis)
+  work too; each value is cast to its array's dtype and broadcast into the column.
+
+  On a ``BufferState``, setting ``valid`` or ``meta`` (which holds the valid column) marks
+  the result ``may_have_holes`` unless ``may_have_holes`` is given: a hole made this way
+  is then seen by ``sample``. Set ``size`` with ``valid``. ``.replace``, the plain
+  dataclass replace, takes fields only and never marks; do not evict with it.
+
+  Args:
+    obj: a ``BufferState`` or ``SampleResult``.
+    **updates: field or column name -> array (or, for ``may_have_holes``, a bool).
+
+  Returns:
+    A new object of ``obj``'s type; ``obj`` is unchanged.
+
+  Raises:
+    TypeError: ``obj`` of another type, or a keyword that is neither a field nor a column.
+  """
+  packed = _PACKED.get(type(obj))
+  if packed is None:
+    raise TypeError(f"set_columns takes a BufferState or SampleResult, not {type(obj).__name__}")
+  names = {f.name for f in dataclasses.fields(obj)}
+  names |= {c for columns, _ in packed.values() for c in columns}
+  unknown = sorted(set(updates) - names)
+  if unknown:
+    raise TypeError(f"set_columns({type(obj).__name__}) got unknown keywords {unknown}; "
+                    f"valid ones are {sorted(names)}")
+  if (isinstance(obj, BufferState) and ("valid" in updates or "meta" in updates)
+      and "may_have_holes" not in updates):
+    updates["may_have_holes"] = True
+  return _set(obj, **updates)
 
 
 def init(example_items: Any, capacity: int, *, evicts: bool = True) -> BufferState:
@@ -305,7 +315,7 @@ def add(state: BufferState, items: Any, policy_version: jax.Array, step: jax.Arr
   # idx: N <= C distinct in-range slots, so XLA may scatter without collision handling.
   put = lambda buf, new: buf.at[idx].set(new.astype(buf.dtype), unique_indices=True,
                                          mode="promise_in_bounds")
-  return _update(
+  return _set(
       state,
       items=jax.tree.map(put, state.items, items),
       meta=put(state.meta, meta_new),
@@ -341,8 +351,8 @@ def evict(state: BufferState, current_version: jax.Array,
   n_drop = drop.sum(dtype=jnp.int32)
   # `n_drop >= 0` is always true; it makes the in-place write of `meta` wait for the count
   # (which reads `meta`), so XLA needs no copy of `meta` to keep that read safe.
-  return _update(state, may_have_holes=True, valid=state.valid & ~drop & (n_drop >= 0),
-                       size=(state.size - n_drop).astype(jnp.int32))
+  return _set(state, may_have_holes=True, valid=state.valid & ~drop & (n_drop >= 0),
+              size=(state.size - n_drop).astype(jnp.int32))
 
 
 def _is_contiguous(state: BufferState) -> jax.Array:
@@ -537,7 +547,7 @@ def sample(state: BufferState, key: jax.Array, batch_size: int, current_version:
                                                  mode="promise_in_bounds")
     meta = meta.at[idx, LAST_SAMPLED_STEP].set(jnp.full((batch_size,), step),
                                                mode="promise_in_bounds")
-  state = _update(state, meta=meta)
+  state = _set(state, meta=meta)
   if cfg.max_times_sampled is not None:
     state = evict(state, current_version, SamplerConfig(max_times_sampled=cfg.max_times_sampled))
   return state, result
