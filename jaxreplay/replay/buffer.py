@@ -41,9 +41,9 @@ DEFAULT_CONFIG = SamplerConfig()
 
 
 # Columns of ``BufferState.meta`` ([C, 5] int32) and ``BufferState.scores`` ([C, 2] float32).
-# Per-slot bookkeeping lives in these two arrays rather than seven [C] vectors so that an
-# ``add`` or ``sample`` touches 2 bookkeeping buffers, not 7: fewer kernels to run and fewer
-# arrays to donate per call (issue 2 performance; see the README's performance section).
+# Per-slot bookkeeping is packed into these two arrays rather than seven [C] vectors: an
+# ``add`` or ``sample`` then touches 2 bookkeeping buffers, not 7, and every array a jitted
+# call donates or returns costs host time on XLA:CPU (see bench/buffer.py).
 POLICY_VERSION, INSERT_STEP, TIMES_SAMPLED, LAST_SAMPLED_STEP, VALID = range(5)
 REWARD, ADVANTAGE = range(2)
 WRITE_INDEX, SIZE, TOTAL_INSERTED = range(3)  # columns of ``BufferState.counters`` ([3] int32)
@@ -114,7 +114,7 @@ class BufferState:
 
 # Columns of ``SampleResult.per_item`` ([B, 4] int32) and ``SampleResult.sampling``
 # ([B, 2] float32): packed like ``BufferState.meta`` because every array a jitted ``sample``
-# returns to the host costs time there (issue 2; README performance section).
+# returns costs host time on XLA:CPU (see bench/buffer.py).
 INDEX, STALENESS, TIMES_SAMPLED_BEFORE, STEPS_SINCE_LAST_USE = range(4)
 PROB, WEIGHT = range(2)
 
@@ -650,8 +650,8 @@ def make_replay_buffer(capacity: int, batch_size: int,
   # eviction): the jitted core takes those two apart from the read-only leaves and returns
   # only them with the batch. Only `meta` is donated, and the unchanged leaves are not
   # outputs at all: every output of a jitted call costs time on the host (a new buffer or
-  # an alias to hand back), which on CPU rivals the draw itself (issue 2; README
-  # performance section).
+  # an alias to hand back), which on XLA:CPU rivals the draw itself (see bench/buffer.py,
+  # whose whole-state column times the other convention).
   def sample_core(meta, counters, items, scores, key, current_version, step, may_have_holes):
     state = BufferState(items=items, meta=meta, scores=scores, counters=counters,
                         may_have_holes=may_have_holes)

@@ -20,9 +20,9 @@ def random_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   key is the Threefry key with a zero counter; a 4-word key (e.g. ``rbg``) is the whole
   generator state. On CPU, ``jax.random.bits`` runs Threefry as a rolled ``while`` loop, and
   control flow costs an XLA:CPU executable more than the draw itself; the native generator
-  compiles to straight-line code (issue 2: it is what lets ``sample`` match flashbax's
-  speed). Deterministic: the same key gives the same bits on a given backend and XLA
-  version, also under ``jax.vmap`` (batched keys are mapped one by one, because the
+  compiles to straight-line code, which keeps ``sample`` as fast as flashbax's (see
+  bench/buffer.py). Deterministic: the same key gives the same bits on a given backend and
+  XLA version, also under ``jax.vmap`` (batched keys are mapped one by one, because the
   primitive's own batching rule would seed every row from the first key); XLA does not
   promise the same stream across backends or versions, unlike ``jax.random``, so a run is
   reproducible with its environment.
@@ -108,7 +108,8 @@ def distinct_ranks(key: jax.Array, n: jax.Array, k: int) -> jax.Array:
   Work: O(k²) fused comparisons for k <= 512 (one elementwise pass; faster than sorting on
   CPU), else one O(k log k) sort; O(k log k) pointer jumping; nothing proportional to the
   buffer's capacity, no loop and no conditional (control flow costs an XLA:CPU executable
-  more than the draw). This is what keeps uniform sampling flat in C (issue 2).
+  more than the draw), so the uniform draw does no work that grows with C (bench/buffer.py
+  times it at C = 1e3 and 1e5).
 
   Args:
     key: PRNG key. n: int32 scalar, population size. k: static number of draws.
