@@ -2,7 +2,8 @@
 
 Contents, pointers, sizes, counters, drawn statistics and sampling probabilities are
 compared exactly (floats to 1e-5) after every operation, across wrap-around (capacity 7,
-adds of 1, 3 and 9 > C items) and eviction holes.
+adds of 1, 3 and 9 > C items) and eviction holes; ``can_sample`` against the reference's
+count of drawable items, and the use counters also after draws that ``can_sample`` refuses.
 """
 
 import functools
@@ -107,12 +108,16 @@ def test_matches_numpy_reference(ops, seed):
       ref.evict(version, max_staleness=a)
     else:
       cfg = CONFIGS[a]
-      if not _can_sample(ref, cfg, version):
-        continue
+      ok = _can_sample(ref, cfg, version)
+      assert bool(replay.can_sample(s, B, cfg, jnp.int32(version))) == ok, cfg
       s, r = _sampler(cfg)(s, jax.random.key(seed * 100 + j), jnp.int32(version),
                            jnp.int32(step))
       probs = ref.probabilities(version, B, cfg)  # applies age eviction to ref
       idx = np.asarray(r.indices)
+      if not ok:  # outside the contract: no law to check, but the bookkeeping stays exact
+        ref.apply_sample(idx, version, step, cfg)
+        _assert_same_state(s, ref)
+        continue
       assert (probs[idx] > 0).all(), (cfg, idx, probs)
       assert ref.valid[idx].all()
       if not cfg.replace and cfg.sampler not in ("recency", "priority"):

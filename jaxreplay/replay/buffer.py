@@ -488,10 +488,16 @@ def sample(state: BufferState, key: jax.Array, batch_size: int, current_version:
   """Draws a batch of B items with the configured sampler; items stay in the buffer.
 
   Order of operations: evict by age (``cfg.max_staleness``), draw, update use counters
-  (``times_sampled`` += 1 per draw, ``last_sampled_step`` = ``step``), evict by use count
-  (``cfg.max_times_sampled``). Requires ``can_sample`` (enough eligible items); otherwise the
-  batch may repeat items or, on an empty buffer, hold empty slots (its ``probs`` are then
-  meaningless).
+  (``times_sampled`` += 1 per batch position, so a slot in k positions counts k uses;
+  ``last_sampled_step`` = ``step``), evict by use count (``cfg.max_times_sampled``).
+
+  Contract: when ``can_sample`` is True (the trainer generates until it is, like Reverb's
+  minimum size), a sampler without replacement returns B distinct slots and every sampler
+  draws by the ``probs`` it returns. When it is False, ``sample`` still returns B positions:
+  a sampler without replacement repeats items, with no eligible item at all the positions
+  hold slots outside the eligible set (e.g. empty ones), and ``probs`` no longer describe
+  the draw. The use counters stay exact either way (one use per position), so a call
+  without the check never corrupts the bookkeeping.
 
   Cost: uniform on a state without ``may_have_holes`` is O(B²) fused comparisons (B <= 512;
   O(B log B) above) and O(B log B) pointer jumping, independent of C (``distinct_ranks``);
@@ -534,19 +540,15 @@ def sample(state: BufferState, key: jax.Array, batch_size: int, current_version:
           jnp.where(last < 0, -1, step - last).astype(jnp.int32)], axis=1),
       sampling=jnp.stack([probs, weights.astype(jnp.float32)], axis=1),  # PROB, WEIGHT
   )
-  # The updates are computed from `rows`, which makes XLA read them before it writes `meta`
-  # in place (no copy of `meta`).
-  if not cfg.replace and cfg.sampler not in ("recency", "priority"):  # distinct slots
-    # Whole rows: XLA:CPU writes [B, 5] contiguous rows faster than a [B, 2] column window.
-    column = jnp.arange(rows.shape[1], dtype=jnp.int32)[None, :]
-    used = jnp.where(column == TIMES_SAMPLED, rows + 1,
-                     jnp.where(column == LAST_SAMPLED_STEP, step, rows))  # one fusion
-    meta = state.meta.at[idx].set(used, unique_indices=True, mode="promise_in_bounds")
-  else:  # a slot drawn k times counts k uses; min(before, 0) is 0 (counts are >= 0)
-    meta = state.meta.at[idx, TIMES_SAMPLED].add(jnp.minimum(before, 0) + 1,
-                                                 mode="promise_in_bounds")
-    meta = meta.at[idx, LAST_SAMPLED_STEP].set(jnp.full((batch_size,), step),
+  # One write-back for every sampler: a scatter-add of one use per position, exact when a
+  # slot repeats (a draw with replacement, or without ``can_sample``); a row write declared
+  # ``unique_indices`` is undefined on repeated slots, and costs the same on XLA:CPU
+  # (bench/buffer.py). The increment is computed from `rows` (min(before, 0) is 0: counts
+  # are >= 0), which makes XLA read them before it writes `meta` in place (no copy).
+  meta = state.meta.at[idx, TIMES_SAMPLED].add(jnp.minimum(before, 0) + 1,
                                                mode="promise_in_bounds")
+  meta = meta.at[idx, LAST_SAMPLED_STEP].set(jnp.full((batch_size,), step),
+                                             mode="promise_in_bounds")
   state = _set(state, meta=meta)
   if cfg.max_times_sampled is not None:
     state = evict(state, current_version, SamplerConfig(max_times_sampled=cfg.max_times_sampled))
@@ -555,10 +557,21 @@ def sample(state: BufferState, key: jax.Array, batch_size: int, current_version:
 
 def can_sample(state: BufferState, batch_size: int, cfg: SamplerConfig = DEFAULT_CONFIG,
                current_version: jax.Array | None = None) -> jax.Array:
-  """bool scalar: ``sample`` can draw B items as configured.
+  """bool scalar: ``sample`` can draw B items by its stated law (the contract of ``sample``).
 
-  Plain ``size >= B`` for the default sampler; for positive_bias and group mode it counts the
-  eligible items (O(C)), and with ``max_staleness`` it needs ``current_version``.
+  Exactly the condition for a draw without duplicates: with N the number of items the
+  sampler may draw after age eviction at ``current_version`` (``cfg.max_staleness``; items
+  over ``cfg.max_times_sampled`` uses are already invalid, ``sample`` evicts them after each
+  draw), it is N >= B for
+
+    uniform without replacement and fresh_first: N = ``size`` (fresh_first tops up the
+      never-used items with used ones, so every valid item counts);
+    group mode: N = G × the number of aligned groups whose G slots are all valid;
+    positive_bias: N = the size of its eligible set, at most ``positive_bias_size``;
+
+  and N >= 1 (any valid item) for i.i.d. draws: uniform with replacement, recency, priority.
+  O(1) for uniform and fresh_first on top of the age eviction (O(C)); O(C) for group mode
+  and positive_bias.
 
   Args:
     state: buffer state. batch_size: B (static). cfg: static config.
@@ -571,12 +584,12 @@ def can_sample(state: BufferState, batch_size: int, cfg: SamplerConfig = DEFAULT
     if current_version is None:
       raise ValueError("can_sample needs current_version when buffer.max_staleness is set")
     state = evict(state, current_version, SamplerConfig(max_staleness=cfg.max_staleness))
+  if cfg.replace or cfg.sampler in ("recency", "priority"):  # i.i.d. draws
+    return state.size >= 1
   if cfg.sampler == "positive_bias" or cfg.group_size > 1:
     n = _eligible(state, cfg).sum(dtype=jnp.int32)
   else:
     n = state.size
-  if cfg.replace:
-    return n >= 1
   return n >= batch_size
 
 
