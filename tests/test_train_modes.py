@@ -200,7 +200,7 @@ def test_a_batch_with_empty_slots_stops_the_run(cache_dir, tmp_path, monkeypatch
   no-duplicate batch of 32 would repeat 16 of the 16 items: the run stops with an error
   instead of training on it (and counting uses wrongly)."""
   from jaxreplay.train import build as build_lib
-  monkeypatch.setattr(build_lib.replay, "can_sample", lambda *a, **k: True)
+  monkeypatch.setattr(build_lib, "make_ready", lambda *a: lambda *b: True)
   with pytest.raises(RuntimeError, match="drew 16 empty or repeated buffer slots"):
     run(tiny_config(tmp_path / "e", cache_dir, **{"train.steps": 2, "eval.every": 0}),
         log=_quiet)

@@ -52,7 +52,7 @@ class AsyncGenerator:
     timeout_s: longest the learner waits for a sample before raising.
     learner_step: learner steps completed (stamped as the insertion step).
     eligible: optional ``(buffer, version) -> bool``, the sampler can draw B eligible
-      items (``replay.can_sample``); the learner also waits for it.
+      items (``learner.make_ready``); the learner also waits for it.
   """
 
   def __init__(self, *, produce: Callable, insert: Callable, limiter: rate_lib.RateLimiter,
@@ -194,7 +194,7 @@ def train_async(run, carry: Carry) -> Carry:
       params=carry.state.params, ref_params=carry.state.ref_params, version=carry.step,
       insert_size=cfg.rollout.per_step, sample_size=b, key=carry_lib.generator_key(carry),
       timeout_s=cfg.train.async_timeout_s, learner_step=carry.step,
-      eligible=run.can_sample).start()
+      eligible=run.ready).start()
   try:
     for step in bar:
       with gen.cond:

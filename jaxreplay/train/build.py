@@ -36,7 +36,7 @@ from jaxreplay.train.carry import Carry
 from jaxreplay.train.data import PromptStream
 from jaxreplay.train.drift import make_drift_fn
 from jaxreplay.train.evaluate import evaluate
-from jaxreplay.train.learner import make_inserter, make_learner_step
+from jaxreplay.train.learner import make_inserter, make_learner_step, make_ready
 from jaxreplay.train.ledger import Ledger, Timers
 from jaxreplay.train.metrics import MetricWriter
 from jaxreplay.train.policy import HFTextIO, TextIO
@@ -59,7 +59,8 @@ class Run:
     evaluate: ``(params, key) -> dict`` held-out accuracy (``train.evaluate``).
     insert: ``(buffer, rollout, step) -> (buffer, lost)`` (``learner.make_inserter``).
     learner_step: ``(state, buffer, key) -> (state, buffer, metrics)``.
-    can_sample: ``(buffer, version) -> bool``: the sampler can draw B eligible items.
+    ready: ``(buffer, version) -> bool``: the buffer holds B items and the sampler can
+      draw its batch at ``version`` (``replay.can_sample``): the learner may draw.
     drift: ``(params, buffer, key, version) -> dict``, or None (``drift.every = 0``).
     limiter: the ``RateLimiter`` settings (``async``).
     replicated: a replicated ``NamedSharding`` on ``mesh``.
@@ -82,7 +83,7 @@ class Run:
   evaluate: Callable
   insert: Callable
   learner_step: Callable
-  can_sample: Callable
+  ready: Callable
   drift: Callable | None
   limiter: rate_lib.RateLimiter
   replicated: Any
@@ -207,7 +208,7 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
                                    prompt_len=cfg.task.prompt_width,
                                    epochs=cfg.algo.update_epochs, mesh=mesh,
                                    state_sharding=state_sh, buffer_sharding=buffer_sh)
-  can_sample = jax.jit(functools.partial(replay.can_sample, batch_size=b, cfg=sampler_cfg))
+  ready = make_ready(b, sampler_cfg)
   drift_fn = make_drift_fn(graphdef, cfg.sampler.temperature, cfg.drift.num_samples,
                            tuple(cfg.algo.staleness_buckets), cfg.sampler.top_k,
                            cfg.sampler.top_p) if cfg.drift.every else None
@@ -217,8 +218,7 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
             graphdef=graphdef, base_info=base_info, mesh=mesh, cost=cost, lag=lag,
             stream=PromptStream(task.train, seed=cfg.seed), evaluate=evaluate_fn,
             insert=make_inserter(cfg.rollout.per_step, buffer_sh), learner_step=learner_step,
-            can_sample=lambda buffer, version: bool(can_sample(buffer,
-                                                               current_version=version)),
+            ready=lambda buffer, version: bool(ready(buffer, version)),
             drift=drift_fn, limiter=rate_lib.RateLimiter(**config_lib.rate_limiter_settings(cfg)),
             replicated=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
             manager=manager, best_manager=best_manager,

@@ -4,9 +4,10 @@ Each learner step t (Arnal et al. 2026, §4):
   GENERATE  R = P·G rollouts with the parameters of version max(t − lag, 0), scored, with
             group advantages;
   INSERT    them into the FIFO buffer (capacity N), oldest overwritten — and, while the
-            sampler cannot draw B eligible items (``replay.can_sample``: at the start when
-            B > R, or after evictions), generate and insert another R from the same policy
-            (Reverb's minimum size before sampling; every round is counted in the ledger);
+            buffer holds fewer than B items or the sampler cannot draw its batch
+            (``learner.make_ready``: at the start when B > R, or after evictions), generate
+            and insert another R from the same policy (Reverb's minimum size before
+            sampling; every round is counted in the ledger);
   SAMPLE + UPDATE  B items from the buffer and one off-policy update (importance ratio
             against the stored behaviour log-probs), fused in one jitted call;
   RECORD    ledger, metrics, evaluation, checkpoint.
@@ -53,7 +54,7 @@ def advance_ring(ring: tuple, params) -> tuple:
 def generate_and_insert(run, carry: Carry, step: int, key) -> tuple[Carry, dict]:
   """GENERATE + INSERT of learner step ``step``: R rollouts from the behaviour policy
   (``behaviour_params``, ``behaviour_version``) added to the buffer, then further rounds of
-  R while ``run.can_sample`` says the sampler cannot draw B eligible items.
+  R while ``run.ready`` says the learner may not draw yet (``learner.make_ready``).
 
   Args:
     run: the ``build.Run``. carry: the carry before the step. step: t.
@@ -84,7 +85,7 @@ def generate_and_insert(run, carry: Carry, step: int, key) -> tuple[Carry, dict]
                           + Ledger(evicted_unused_rollouts=int(lost[0]),
                                    evicted_unused_tokens=int(lost[1])))
     rounds.append(gen.metrics)
-    if run.can_sample(carry.buffer, step):
+    if run.ready(carry.buffer, step):
       return carry, {**generation.mean_metrics(rounds), "generation_rounds": len(rounds)}
     if len(rounds) >= max_rounds:
       raise RuntimeError(

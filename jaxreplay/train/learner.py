@@ -28,7 +28,7 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
 
   The sampler's importance weights (uniform: all 1) and each item's staleness go to
   the train step; the batch statistics the paper plots come back in the metrics. The
-  caller must ensure ``replay.can_sample`` holds (``make_can_sample``): the draw then
+  caller must ensure ``make_ready`` holds before each call: the draw then
   holds B distinct eligible items (or, with replacement, counts repeats exactly).
 
   Args:
@@ -45,7 +45,7 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
     ``trained_tokens`` counts completion tokens with reuse; ``first_use_tokens`` those
     of items drawn for the first time (the "trained on at least once" ledger);
     ``batch_bad_slots`` the drawn slots that held no item, plus repeats in a draw without
-    replacement (0 whenever ``can_sample`` held before the draw).
+    replacement (0 whenever ``make_ready`` held before the draw).
   """
   with_replacement = sampler_cfg.replace or sampler_cfg.sampler in ("recency", "priority")
 
@@ -85,6 +85,26 @@ def _bad_slots(valid_c, indices_b, with_replacement: bool) -> jax.Array:
     return bad
   idx = jnp.sort(indices_b)
   return bad + (idx[1:] == idx[:-1]).sum(dtype=jnp.int32)
+
+
+def make_ready(batch_size: int, sampler_cfg: replay.SamplerConfig):
+  """Builds ``ready(buffer, version) -> bool scalar`` (jitted): the learner may draw.
+
+  Reverb's minimum size, the same for every sampler: the buffer holds at least B valid
+  items, and the sampler can draw its batch at policy version ``version`` as configured
+  (``replay.can_sample``: B eligible items for a draw without replacement, after age
+  eviction; one for samplers with replacement).
+
+  Args:
+    batch_size: B (static). sampler_cfg: the static ``SamplerConfig``.
+  """
+
+  @jax.jit
+  def ready(buffer, version):
+    enough = buffer.size >= batch_size
+    return replay.can_sample(buffer, batch_size, sampler_cfg, version) & enough
+
+  return ready
 
 
 def make_inserter(n: int, buffer_sharding=None):

@@ -65,7 +65,7 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
   if metrics["batch_bad_slots"]:
     raise RuntimeError(f"step {done - 1} drew {int(metrics['batch_bad_slots'])} empty or "
                        "repeated buffer slots into its batch: the sampler was called without "
-                       "enough eligible items (replay.can_sample)")
+                       "enough eligible items (learner.make_ready)")
   inc, metrics = learner_ledger(metrics, cfg.train.batch_size)
   ledger = carry.ledger + inc
   skips = carry.skips + 1 if metrics["skipped_update"] else 0
