@@ -335,11 +335,29 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.param_dtype)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x, positions, mask, kv_write=None):
-    """One block; ``kv_write(k, v) -> (k_all, v_all)`` stores new keys in a cache, if given."""
+  def __call__(self, x, positions, mask):
+    """One block over the whole sequence: x [B, T, D] -> [B, T, D]; mask [B, T, T] bool."""
     q, k, v = self.attn.project(self.attn_norm(x), positions)
-    if kv_write is not None:
-      k, v = kv_write(k, v)
+    return self._attend_and_mlp(x, q, k, v, mask)
+
+  def decode(self, x, positions, mask, ck, cv, layer: int, cache_index):
+    """One block against the KV cache.
+
+    Writes this layer's keys and values of the T new tokens into slots
+    ``cache_index .. cache_index+T-1`` of ``ck`` / ``cv`` ([L, B, S, H_kv, D], updated in
+    place by XLA) and attends over all S slots under ``mask`` [B, T, S] bool.
+
+    Returns:
+      (x [B, T, D], ck, cv).
+    """
+    q, k, v = self.attn.project(self.attn_norm(x), positions)
+    zero = jnp.zeros((), jnp.int32)
+    at = (jnp.int32(layer), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
+    ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype)[None], at)
+    cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], at)
+    return self._attend_and_mlp(x, q, ck[layer], cv[layer], mask), ck, cv
+
+  def _attend_and_mlp(self, x, q, k, v, mask):
     x = x + self.attn.attend(q, k, v, mask)
     return x + self.mlp(self.mlp_norm(x))
 
@@ -427,14 +445,7 @@ class Transformer(nnx.Module):
     x = self._embed(tokens)
     ck, cv = cache.k, cache.v
     for i, blk in enumerate(self.blocks):
-      def kv_write(k, v, i=i):
-        nonlocal ck, cv
-        zero = jnp.zeros((), jnp.int32)
-        at = (jnp.int32(i), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
-        ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype)[None], at)
-        cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], at)
-        return ck[i], cv[i]
-      x = blk(x, positions, attn_mask, kv_write)
+      x, ck, cv = blk.decode(x, positions, attn_mask, ck, cv, i, cache_index)
     if last_only:
       x = x[:, -1:]
     return self._logits(x), KVCache(k=ck, v=cv, valid=valid)
