@@ -195,6 +195,60 @@ def test_loss_metric_is_the_whole_batch_loss_over_minibatches(model_and_batch, a
   assert float(got[2]["tokens"]) == float(got[1]["tokens"]) == 7.0
 
 
+def test_per_token_metrics_are_the_whole_batch_statistic_over_minibatches(model_and_batch):
+  """With two minibatches of 1 and 6 loss tokens (lr 0: both see the same parameters),
+  the token means ``value_loss``, ``value_mean``, ``return_mean``, ``kl_ref``,
+  ``ratio_masked_frac`` (and ``entropy``) equal their value over the whole batch, as does
+  the per-sequence ``ess_sample_weights``; the plain mean of the two minibatches' values
+  differs from it for each (checked on the halves run as batches of their own).
+
+  Row 0 (1 token) has μ = π − 1, so ratio e ∉ [1/2, 2] masks it: ratio_masked_frac is 1/7
+  over the batch, 1 and 0 on the halves. The reference and the critic differ from the
+  policy's initialisation, so kl_ref, value_mean, return_mean and value_loss are not 0.
+  Weights [1, 0.5, 2, 1]: ESS 0.81 over the batch, 0.9 on each half.
+  """
+  import optax
+  _, graphdef, params, batch = model_and_batch
+  comp = np.zeros((B, T), bool)
+  comp[0, 5] = True
+  comp[2:, 3:] = True
+  logp, _ = jax.jit(token_logprobs, static_argnums=0)(graphdef, params, batch.tokens,
+                                                     batch.attention_mask)
+  shift = np.zeros((B, T), np.float32)
+  shift[0] = 1.0
+  batch = batch.replace(completion_mask=jnp.asarray(comp),
+                        behaviour_logprobs=jnp.where(comp, logp - shift, 0.0),
+                        rewards=jnp.array([1.0, 0.0, 0.3, -0.6]),
+                        policy_version=jnp.zeros(B, jnp.int32))
+  weights = jnp.array([1.0, 0.5, 2.0, 1.0])
+  ref = nnx.split(nnx.jit(lambda: Transformer(CFG, nnx.Rngs(7)))())[1]
+  head = value.init_value_params(CFG.d_model)
+  head["w"][...] = jax.random.normal(jax.random.key(3), (CFG.d_model,))
+  head["b"][...] = jnp.float32(0.4)
+  opt = optax.sgd(0.0)
+
+  def run(nm, rows):
+    algo = dict(advantage="gae", kl_coef=0.1, ratio_mask_c=2.0, gae_whiten=False,
+                num_minibatches=nm, update_epochs=nm)
+    state = train_step.init_train_state(graphdef, fresh(params), opt, algo)
+    state = state.replace(ref_params=fresh(ref), value_params=fresh(head))
+    state = state.replace(opt_state=opt.init((state.params, state.value_params)))
+    sub = jax.tree.map(lambda x: x[rows], batch)
+    return train_step.make_train_step(graphdef, opt, algo, 1.0)(state, sub, weights[rows])[1]
+
+  whole, split = run(1, slice(None)), run(2, slice(None))
+  halves = [run(1, slice(0, 2)), run(1, slice(2, 4))]
+  assert [float(h["tokens"]) for h in halves] == [1.0, 6.0]
+  assert float(whole["ratio_masked_frac"]) == pytest.approx(1 / 7, abs=1e-6)
+  assert float(whole["ess_sample_weights"]) == pytest.approx(0.81, abs=1e-6)
+  for key in ("value_loss", "value_mean", "return_mean", "kl_ref", "ratio_masked_frac",
+              "entropy", "ess_sample_weights"):
+    want = float(whole[key])
+    plain = (float(halves[0][key]) + float(halves[1][key])) / 2
+    assert abs(plain - want) > 1e-3, key  # the plain mean is a different number
+    assert float(split[key]) == pytest.approx(want, rel=1e-5, abs=1e-6), key
+
+
 def test_make_optimizer_reads_the_algo_section():
   """``make_optimizer(algo, train.steps)`` is ``scheduled_adamw`` with the ``algo`` fields; the
   cosine schedule spans steps × update_epochs × num_minibatches optimizer steps, and with

@@ -121,9 +121,12 @@ def step_metrics(*, ratio_bt, behaviour_log_ratio_bt, clipped_low_bt, clipped_hi
 
 _MIN_KEYS = ("ratio_min",)
 _MAX_KEYS = ("skipped_update",)
+# Per-token statistics over the loss mask (``step_metrics`` keys, overall and per bucket, and
+# ``objective``'s token means): weighted by each update's ``tokens`` of the same selection.
 _TOKEN_WEIGHTED = ("ratio_mean", "ratio_p10", "ratio_p50", "ratio_p90", "clip_frac_low",
                    "clip_frac_high", "clip_frac", "kl_behaviour", "kl_behaviour_k1", "entropy",
-                   "ess")
+                   "ess", "ratio_masked_frac", "kl_ref", "value_loss", "value_mean",
+                   "return_mean")
 # Aggregates of the loss (``losses.aggregate``): weighted by each update's normaliser.
 _AGGREGATES = ("loss", "pg_loss")
 
@@ -134,12 +137,16 @@ def combine_updates(per_update: dict, epochs: int, loss_weights) -> dict:
   ``loss`` and ``pg_loss`` are averaged weighted by ``loss_weights`` (each update's
   ``losses.aggregate_normaliser``), which makes them the loss of the whole batch under the
   configured aggregation (averaged over epochs) when every minibatch is evaluated at the
-  same parameters. ``step_metrics`` keys (overall and per bucket) are averaged weighted by
-  their token count, so a bucket empty in one minibatch does not dilute it (quantiles and
-  ESS become token-weighted averages of the per-minibatch values); ``ratio_min``/``ratio_max``
-  take the min/max over non-empty selections, ``skipped_update`` the max, ``tokens`` the
-  total per epoch; every other key (grad_norm, ...) the plain mean. With U = 1 ``loss`` and
-  ``pg_loss`` are returned unchanged.
+  same parameters. The token means — ``step_metrics`` keys (overall and per bucket) and
+  ``ratio_masked_frac``, ``kl_ref``, ``value_loss``, ``value_mean``, ``return_mean`` — are
+  averaged weighted by the token count of their selection, which makes them the mean over
+  the whole batch's loss tokens under the same condition, and keeps a bucket empty in one
+  minibatch from diluting it (quantiles and ``ess`` are not means, and become
+  token-weighted averages of the per-minibatch values); ``ratio_min``/``ratio_max`` take
+  the min/max over non-empty selections, ``skipped_update`` the max, ``tokens`` the total
+  per epoch; every other key the plain mean: per-update values (``grad_norm``) and
+  per-sequence means (``staleness_weight_mean``, ``eps_high_mean``), whose minibatches all
+  hold B/num_minibatches rows. With U = 1 ``loss`` and ``pg_loss`` are returned unchanged.
 
   Args:
     per_update: dict of [U] float32 arrays. epochs: passes over the batch among the U.

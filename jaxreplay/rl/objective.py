@@ -75,6 +75,23 @@ def gae_advantages(spec: AlgoSpec, batch: Rollout, start_values_bt, *, logp_bt=N
   return sg(_whiten(adv, mask) if spec.gae_whiten else adv), ret_bt
 
 
+def item_weights(spec: AlgoSpec, weights_b, staleness_b) -> tuple[weights_lib.TrustRegion,
+                                                                   jax.Array]:
+  """The staleness-adaptive trust region and each item's weight w_i (module docstring).
+
+  Args:
+    spec: validated ``AlgoSpec``. weights_b: [B] sampling-correction weights.
+    staleness_b: [B] int32.
+
+  Returns:
+    (TrustRegion of [B] arrays, w_b [B] float32 = weights_b · trust-region weight).
+  """
+  tr = weights_lib.adaptive_trust_region(staleness_b, spec.eps_low, spec.eps_high, spec.is_cap,
+                                         spec.staleness_target, spec.staleness_fn,
+                                         spec.staleness_rate)
+  return tr, weights_b.astype(jnp.float32) * tr.weight
+
+
 def objective(spec: AlgoSpec, logp_bt, entropy_bt, batch: Rollout, weights_b, staleness_b, *,
               adv_bt=None, returns_bt=None, prox_logp_bt=None, ref_logp_bt=None,
               values_bt=None, start_values_bt=None) -> tuple[jax.Array, dict]:
@@ -108,10 +125,7 @@ def objective(spec: AlgoSpec, logp_bt, entropy_bt, batch: Rollout, weights_b, st
   """
   mask = losses.loss_mask(batch.completion_mask, batch.truncated, spec.mask_truncated)
   mu = batch.behaviour_logprobs
-  tr = weights_lib.adaptive_trust_region(staleness_b, spec.eps_low, spec.eps_high, spec.is_cap,
-                                         spec.staleness_target, spec.staleness_fn,
-                                         spec.staleness_rate)
-  w_b = weights_b.astype(jnp.float32) * tr.weight
+  tr, w_b = item_weights(spec, weights_b, staleness_b)
   kl_bt = None
   if spec.uses_reference:
     if ref_logp_bt is None:

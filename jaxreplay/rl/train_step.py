@@ -19,7 +19,7 @@ import optax
 from flax import nnx
 
 from jaxreplay.rl import diagnostics, losses, value
-from jaxreplay.rl.objective import gae_advantages, objective
+from jaxreplay.rl.objective import gae_advantages, item_weights, objective
 from jaxreplay.rl.scoring import policy_and_values, token_logprobs
 from jaxreplay.rl.spec import SCHEDULES, AlgoSpec
 from jaxreplay.rollout import Rollout
@@ -158,7 +158,9 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
   plus ``loss``, ``grad_norm``, ``skipped_update``) are merged over those steps by
   ``diagnostics.combine_updates``: ``loss`` and ``pg_loss`` are the whole batch's under
   ``algo.aggregation`` (each minibatch weighted by its ``losses.aggregate_normaliser``),
-  ``skipped_update`` is 1 if any update was skipped.
+  token means (``value_loss``, ``kl_ref``, ``ratio_masked_frac``, ...) the whole batch's
+  (each minibatch weighted by its loss tokens), ``ess_sample_weights`` is the whole
+  batch's, ``skipped_update`` is 1 if any update was skipped.
 
   Args:
     graphdef: the policy graph (static).
@@ -245,6 +247,11 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     (trainable, opt_state, skipped), (per_update, norms) = jax.lax.scan(
         one_update, (trainable, state.opt_state, state.skipped), idx)
     metrics = diagnostics.combine_updates(per_update, spec.update_epochs, norms)
+    # An ESS over rows is no weighted mean of the minibatches' ESS; it does not depend on
+    # the parameters, so it is taken over the whole batch.
+    w_b = item_weights(spec, weights, staleness)[1]
+    metrics["ess_sample_weights"] = diagnostics.effective_sample_size(
+        w_b, jnp.ones(w_b.shape, bool))
     params, value_params = trainable if spec.uses_value_head else (trainable, state.value_params)
     state = state.replace(params=params, value_params=value_params, opt_state=opt_state,
                           step=state.step + 1, skipped=skipped)
