@@ -119,6 +119,12 @@ def mesh_shape(cfg, device_count: int | None = None) -> tuple[int, int, int]:
   return tuple(sizes)
 
 
+def policy_lag(cfg) -> int:
+  """Policy versions between the learner and the generating policy in the lagged modes:
+  0 for ``sync``, ``train.lag`` for ``simulated_async`` (``async``: 0, its lag is timing)."""
+  return cfg.train.get("lag", 0) if cfg.train.mode == "simulated_async" else 0
+
+
 def _check_eligible_supply(cfg) -> None:
   """Rejects eviction rules that keep fewer than B items drawable at every learner step.
 
@@ -128,14 +134,29 @@ def _check_eligible_supply(cfg) -> None:
   items, none at all when s < L. A use cap k (``buffer.max_times_sampled``) supplies k·R
   draws per step against B consumed. Either below B, every step would need extra
   generation to fill its batch (see ``train.lagged.generate_and_insert``), so the config is
-  refused. ``async`` has no fixed lag: its learner waits for B eligible items instead.
+  refused. Positive-bias sampling draws from the freshest round((1 − δ)·size) items plus the
+  freshest correct ones: with fewer than B of the former, the batch waits on correct
+  rollouts a weak policy may never produce. ``async`` has no fixed lag: its learner waits
+  for B drawable items, which never come when the age cut-off is below the weight-sync
+  interval minus one (the newest weights the generator can hold are that old).
   """
   mode, buf = cfg.train.mode, cfg.buffer
-  if mode == "async":
-    return
   b, r, n = cfg.train.batch_size, cfg.rollout.per_step, buf.capacity
-  lag = cfg.train.get("lag", 0) if mode == "simulated_async" else 0
   s, k = buf.get("max_staleness"), buf.get("max_times_sampled")
+  if buf.get("sampler") == "positive_bias" and buf.get("positive_bias_size"):
+    fresh_any = replay.from_config(buf).num_fresh_any
+    if fresh_any < b:
+      _fail("buffer.positive_bias_size", buf.positive_bias_size,
+            f"keeps round((1 - positive_bias_delta) * positive_bias_size) = {fresh_any} of the "
+            f"freshest items whatever their reward, fewer than train.batch_size={b}: raise it "
+            "or lower buffer.positive_bias_delta")
+  if mode == "async":
+    wse = cfg.train.get("weight_sync_every", 1)
+    if s is not None and s < wse - 1:
+      _fail("buffer.max_staleness", s, f"must be >= train.weight_sync_every - 1 = {wse - 1} in "
+            "train.mode='async': fresh rollouts are up to that many versions old")
+    return
+  lag = policy_lag(cfg)
   if s is not None and min(n, (s - lag + 1) * r) < b:
     _fail("buffer.max_staleness", s,
           f"keeps min(buffer.capacity, (max_staleness - lag + 1) * rollout.per_step) = "

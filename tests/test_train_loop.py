@@ -125,3 +125,19 @@ def test_async_generator_inserts_within_the_limiter_and_stops_when_blocked():
       assert gen.position == 8  # 4 chunks of 2 prompts
   finally:
     assert gen.stop(timeout_s=5.0)
+
+
+def test_ready_needs_b_items_within_the_age_cutoff_for_every_sampler():
+  """Recency draws with replacement (one eligible item would do for replay.can_sample),
+  yet the learner waits for B = 4 items within max_staleness = 2 of its version."""
+  from jaxreplay import replay
+  from jaxreplay.rollout import empty_rollout
+  from jaxreplay.train.learner import make_ready
+  buf = replay.init(empty_rollout(1, 3), 8, evicts=True)
+  buf = replay.add(buf, empty_rollout(4, 3), jnp.zeros(4, jnp.int32), jnp.int32(0))
+  buf = replay.add(buf, empty_rollout(1, 3), jnp.full(1, 5, jnp.int32), jnp.int32(5))
+  for sampler in ("recency", "uniform"):
+    ready = make_ready(4, replay.SamplerConfig(sampler=sampler, max_staleness=2))
+    assert not bool(ready(buf, jnp.int32(5)))  # 4 items are 5 versions old: 1 drawable
+    assert bool(ready(buf, jnp.int32(2)))  # at version 2 all 5 are within the cut-off
+  assert not bool(make_ready(6, replay.SamplerConfig())(buf, jnp.int32(0)))  # 5 < B = 6

@@ -222,3 +222,21 @@ def test_eviction_rules_that_keep_a_batch_are_accepted(tmp_path):
   validate(tiny_config(tmp_path, tmp_path, **{"train.mode": "simulated_async",
                                               "train.lag": 1, "buffer.max_staleness": 2}))
   validate(tiny_config(tmp_path, tmp_path, **{"buffer.max_times_sampled": 2}))
+
+
+def test_positive_bias_and_async_age_cutoffs_that_starve_the_batch_are_rejected(tmp_path):
+  """round((1 − 0.5)·40) = 20 freshest items of any kind < B = 32: the batch would wait on
+  correct rollouts; in async, fresh rollouts are up to weight_sync_every − 1 = 3 versions
+  old, so max_staleness = 1 can leave nothing to draw."""
+  with pytest.raises(ConfigError, match=r"buffer.positive_bias_size=40.*= 20.*batch_size=32"):
+    validate(tiny_config(tmp_path, tmp_path, **{"buffer.sampler": "positive_bias",
+                                                "buffer.positive_bias_size": 40}))
+  validate(tiny_config(tmp_path, tmp_path, **{"buffer.sampler": "positive_bias",
+                                              "buffer.positive_bias_size": 64}))
+  with pytest.raises(ConfigError, match=r"buffer.max_staleness=1.*weight_sync_every - 1 = 3"):
+    validate(tiny_config(tmp_path, tmp_path, **{"train.mode": "async",
+                                                "train.weight_sync_every": 4,
+                                                "buffer.max_staleness": 1}))
+  validate(tiny_config(tmp_path, tmp_path, **{"train.mode": "async",
+                                              "train.weight_sync_every": 4,
+                                              "buffer.max_staleness": 3}))

@@ -584,7 +584,7 @@ def can_sample(state: BufferState, batch_size: int, cfg: SamplerConfig = DEFAULT
     if current_version is None:
       raise ValueError("can_sample needs current_version when buffer.max_staleness is set")
     state = evict(state, current_version, SamplerConfig(max_staleness=cfg.max_staleness))
-  if cfg.replace or cfg.sampler in ("recency", "priority"):  # i.i.d. draws
+  if cfg.with_replacement:  # i.i.d. draws
     return state.size >= 1
   if cfg.sampler == "positive_bias" or cfg.group_size > 1:
     n = _eligible(state, cfg).sum(dtype=jnp.int32)

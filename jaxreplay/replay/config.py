@@ -113,6 +113,11 @@ class SamplerConfig:
       _fail("max_times_sampled", self.max_times_sampled, "must be None or >= 1")
 
   @property
+  def with_replacement(self) -> bool:
+    """Whether draws are i.i.d. (may repeat an item): ``replace``, recency and priority."""
+    return self.replace or self.sampler in ("recency", "priority")
+
+  @property
   def evicts(self) -> bool:
     """Whether any eviction rule beyond FIFO overwrite is on."""
     return self.max_staleness is not None or self.max_times_sampled is not None

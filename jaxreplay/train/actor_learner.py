@@ -51,21 +51,21 @@ class AsyncGenerator:
     insert_size: R. sample_size: B. key: PRNG key of the generator's stream.
     timeout_s: longest the learner waits for a sample before raising.
     learner_step: learner steps completed (stamped as the insertion step).
-    eligible: optional ``(buffer, version) -> bool``, the sampler can draw B eligible
-      items (``learner.make_ready``); the learner also waits for it.
+    ready: optional ``(buffer, version) -> bool``, the learner may draw
+      (``learner.make_ready``); the learner waits for it besides the rate limiter.
   """
 
   def __init__(self, *, produce: Callable, insert: Callable, limiter: rate_lib.RateLimiter,
                limiter_state: rate_lib.RateLimiterState, buffer, position: int, params,
                ref_params, version: int, insert_size: int, sample_size: int, key: jax.Array,
                timeout_s: float, learner_step: int,
-               eligible: Callable | None = None):
+               ready: Callable | None = None):
     self._produce, self._insert, self.limiter = produce, insert, limiter
     self.limiter_state, self.buffer, self.position = limiter_state, buffer, position
     self._weights = (_copy(params), ref_params if ref_params is None else _copy(ref_params),
                      version)
     self._r, self._b, self._key, self._timeout = insert_size, sample_size, key, timeout_s
-    self.learner_step, self._eligible = learner_step, eligible
+    self.learner_step, self._ready = learner_step, ready
     self.cond = threading.Condition()
     self._stop = False
     self.error: BaseException | None = None
@@ -93,16 +93,16 @@ class AsyncGenerator:
           params, ref, version = self._weights
           position = self.position
         t1 = time.time()
-        rollout, gen = self._produce(params, ref, version, position,
-                                     jax.random.fold_in(self._key, chunk))
+        rollout, produced = self._produce(params, ref, version, position,
+                                          jax.random.fold_in(self._key, chunk))
         with self.cond:
           self.buffer, lost = self._insert(self.buffer, rollout, jnp.int32(self.learner_step))
           lost = jax.device_get(lost)
           self.limiter_state = rate_lib.record_insert(self.limiter_state, self._r)
-          self.pending.append(gen.metrics)
-          self.ledger = self.ledger + gen.ledger + Ledger(
+          self.pending.append(produced.metrics)
+          self.ledger = self.ledger + produced.ledger + Ledger(
               evicted_unused_rollouts=int(lost[0]), evicted_unused_tokens=int(lost[1]))
-          self.position = gen.position
+          self.position = produced.position
           self.wait_s += t1 - t0
           self.busy_s += time.time() - t1
           self.cond.notify_all()
@@ -127,19 +127,24 @@ class AsyncGenerator:
     t0 = time.time()
     while not (rate_lib.can_sample(self.limiter, self.limiter_state, self._b,
                                    int(self.buffer.size))
-               and (self._eligible is None or self._eligible(self.buffer, self.learner_step))):
+               and (self._ready is None or self._ready(self.buffer, self.learner_step))):
       self._check()
       if time.time() - t0 > self._timeout:
+        ready = self._ready is None or self._ready(self.buffer, self.learner_step)
         raise RuntimeError(f"async mode: no batch became available in {self._timeout:.0f} s "
                            f"(inserted={int(self.limiter_state.inserted)}, "
                            f"sampled={int(self.limiter_state.sampled)}, "
-                           f"buffer size={int(self.buffer.size)})")
+                           f"buffer size={int(self.buffer.size)}, enough drawable items: "
+                           f"{ready}"
+                           + ("" if ready else "; check buffer.max_staleness, "
+                              "buffer.max_times_sampled and buffer.sampler") + ")")
       self.cond.wait(0.5)
     self._check()
     return time.time() - t0
 
-  def publish(self, params, ref_params, version: int):
-    """Hands the generator a copy of the learner's weights (call with the lock held)."""
+  def publish(self, params, version: int):
+    """Hands the generator a copy of the learner's weights (call with the lock held); the
+    frozen reference it was given at the start stays."""
     self._weights = (_copy(params), self._weights[1], version)
 
   def take(self) -> tuple[list[dict], Ledger]:
@@ -178,6 +183,9 @@ def train_async(run, carry: Carry) -> Carry:
   it is logged or checkpointed). The generator thread is stopped and joined on every exit
   path; rollouts it inserted after the last step still count in the ledger.
 
+  Args:
+    run: the ``build.Run``. carry: the starting carry.
+
   Returns:
     The carry after the last step.
 
@@ -190,11 +198,11 @@ def train_async(run, carry: Carry) -> Carry:
   gen_s0, wait_s0 = carry.timers.generate_s, carry.timers.generator_wait_s  # before a resume
   gen = AsyncGenerator(
       produce=functools.partial(_produce, run), insert=run.insert, limiter=run.limiter,
-      limiter_state=carry.limiter, buffer=carry.buffer, position=carry.position,
+      limiter_state=carry.limiter_state, buffer=carry.buffer, position=carry.position,
       params=carry.state.params, ref_params=carry.state.ref_params, version=carry.step,
       insert_size=cfg.rollout.per_step, sample_size=b, key=carry_lib.generator_key(carry),
       timeout_s=cfg.train.async_timeout_s, learner_step=carry.step,
-      eligible=run.ready).start()
+      ready=run.ready).start()
   try:
     for step in bar:
       with gen.cond:
@@ -208,7 +216,7 @@ def train_async(run, carry: Carry) -> Carry:
         gen.limiter_state = rate_lib.record_sample(gen.limiter_state, b)
         gen.learner_step = step + 1
         if (step + 1) % cfg.train.weight_sync_every == 0:
-          gen.publish(state.params, state.ref_params, step + 1)
+          gen.publish(state.params, step + 1)
         t = carry.timers
         timers = t.replace(learner_wait_s=t.learner_wait_s + waited,
                            train_s=t.train_s + time.time() - t1,
@@ -216,7 +224,7 @@ def train_async(run, carry: Carry) -> Carry:
 
         # --- RECORD (what the generator inserted since the last step, then this step) ----
         pending, inc = gen.take()
-        carry = carry.replace(state=state, buffer=gen.buffer, limiter=gen.limiter_state,
+        carry = carry.replace(state=state, buffer=gen.buffer, limiter_state=gen.limiter_state,
                               ledger=carry.ledger + inc, timers=timers, position=gen.position,
                               step=step + 1)
         extra = {"limiter_inserted": int(gen.limiter_state.inserted),
@@ -232,5 +240,5 @@ def train_async(run, carry: Carry) -> Carry:
     if not gen.stop():
       run.log("async mode: the generator thread did not stop in time (left as a daemon)")
   with gen.cond:
-    return carry.replace(buffer=gen.buffer, limiter=gen.limiter_state, position=gen.position,
+    return carry.replace(buffer=gen.buffer, limiter_state=gen.limiter_state, position=gen.position,
                          ledger=carry.ledger + gen.take()[1])

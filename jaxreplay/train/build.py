@@ -190,7 +190,6 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
   # --- learner and buffer, placed on the mesh --------------------------------------------
   # Parameters and optimizer state by PARAM_RULES, the buffer's capacity axis over "data",
   # the RNG key replicated; restores go into these layouts (any saved mesh restores).
-  # train.steps == 0 (evaluate only): warm-up then constant, no decay to schedule
   optimizer = make_optimizer(cfg.algo, cfg.train.steps)
   state = init_train_state(graphdef, params, optimizer, cfg.algo)
   state_sh = sharding_lib.param_shardings(state, mesh)
@@ -212,7 +211,7 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
   drift_fn = make_drift_fn(graphdef, cfg.sampler.temperature, cfg.drift.num_samples,
                            tuple(cfg.algo.staleness_buckets), cfg.sampler.top_k,
                            cfg.sampler.top_p) if cfg.drift.every else None
-  lag = cfg.train.lag if cfg.train.mode == "simulated_async" else 0
+  lag = config_lib.policy_lag(cfg)
 
   run = Run(cfg=cfg, log=log, workdir=workdir, t_start=t_start, task=task, io=io,
             graphdef=graphdef, base_info=base_info, mesh=mesh, cost=cost, lag=lag,
@@ -226,7 +225,7 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
   waits = dict(learner_wait_s=0.0, generator_wait_s=0.0) if run.is_async else {}
   carry = Carry(state=state, buffer=buffer,
                 ring=tuple(jax.tree.map(jnp.copy, params) for _ in range(lag)),
-                limiter=rate_lib.init(), key=jax.random.key(cfg.seed), ledger=Ledger(),
+                limiter_state=rate_lib.init(), key=jax.random.key(cfg.seed), ledger=Ledger(),
                 timers=Timers(**waits), position=0, step=0,
                 best=ckpt_lib.best_so_far(best_manager) if best_manager is not None else None)
   return run, carry

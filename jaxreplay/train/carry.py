@@ -29,7 +29,7 @@ class Carry:
     buffer: ``replay.BufferState`` of ``Rollout`` items (device, capacity axis sharded).
     ring: tuple of ``lag`` parameter states, oldest first: the policies of learner steps
       t − lag .. t − 1 that the lagged strategy generates with (empty for ``sync``).
-    limiter: ``replay.rate_limiter.RateLimiterState`` (used by ``async``).
+    limiter_state: ``replay.rate_limiter.RateLimiterState`` (used by ``async``).
     key: the root PRNG key; step t uses ``fold_in(key, t)``.
     ledger: ``Ledger`` totals. timers: ``Timers`` totals (seconds).
     position: int, data position (prompts consumed from the train stream).
@@ -44,7 +44,7 @@ class Carry:
   state: Any
   buffer: Any
   ring: tuple
-  limiter: Any
+  limiter_state: Any
   key: jax.Array
   ledger: Ledger
   timers: Timers
@@ -84,12 +84,18 @@ def checkpoint_tree(run, carry: Carry) -> dict:
   if carry.ring:
     tree["snapshots"] = list(carry.ring)
   if run.is_async:
-    tree["limiter"] = carry.limiter
+    tree["limiter"] = carry.limiter_state
   return tree
 
 
 def save(run, carry: Carry) -> None:
-  """Starts an async Orbax save of ``carry`` at step ``carry.step`` (see ``checkpoint``)."""
+  """Starts an asynchronous Orbax save of ``carry`` at step ``carry.step``; ``finish`` (or
+  the next save) waits for it.
+
+  Raises:
+    RuntimeError: Orbax declined the save (``checkpoint.save``: the step is not after the
+      latest checkpoint).
+  """
   ckpt_lib.save(run.manager, carry.step, checkpoint_tree(run, carry), {
       "step": carry.step, "counts": carry.ledger.as_dict(), "data_position": carry.position,
       "eval_before": carry.eval_before, "last_eval": carry.last_eval,
@@ -122,7 +128,8 @@ def resume(run, fresh: Carry) -> Carry:
   tree, meta = restored
   carry = fresh.replace(
       state=tree["train"], buffer=tree["buffer"],
-      ring=tuple(tree.get("snapshots", fresh.ring)), limiter=tree.get("limiter", fresh.limiter),
+      ring=tuple(tree.get("snapshots", fresh.ring)),
+      limiter_state=tree.get("limiter", fresh.limiter_state),
       key=jax.random.wrap_key_data(tree["rng"]), step=int(meta["step"]),
       ledger=Ledger.from_dict(meta["counts"]),
       timers=Timers.from_dict({**fresh.timers.as_dict(), **meta.get("timers", {})}),

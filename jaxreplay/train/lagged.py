@@ -76,22 +76,24 @@ def generate_and_insert(run, carry: Carry, step: int, key) -> tuple[Carry, dict]
   max_rounds = -(-cfg.buffer.capacity // cfg.rollout.per_step) + 1
   rounds = []
   while True:
-    rollout, gen = generation.generate_rollouts(
+    rollout, produced = generation.generate_rollouts(
         cfg, run.io, run.task, run.graphdef, params, run.stream, carry.position,
         key if not rounds else jax.random.fold_in(key, len(rounds)), version,
         carry.state.ref_params, run.cost, run.mesh)
     buffer, lost = run.insert(carry.buffer, rollout, jnp.int32(step))
-    carry = carry.replace(buffer=buffer, position=gen.position, ledger=carry.ledger + gen.ledger
+    carry = carry.replace(buffer=buffer, position=produced.position,
+                          ledger=carry.ledger + produced.ledger
                           + Ledger(evicted_unused_rollouts=int(lost[0]),
                                    evicted_unused_tokens=int(lost[1])))
-    rounds.append(gen.metrics)
+    rounds.append(produced.metrics)
     if run.ready(carry.buffer, step):
       return carry, {**generation.mean_metrics(rounds), "generation_rounds": len(rounds)}
     if len(rounds) >= max_rounds:
       raise RuntimeError(
           f"step {step}: the buffer holds fewer than train.batch_size={cfg.train.batch_size} "
           f"items the sampler may draw after {len(rounds)} rounds of generation; check "
-          "buffer.max_staleness, buffer.max_times_sampled and buffer.sampler")
+          "buffer.max_staleness, buffer.max_times_sampled and buffer.sampler (positive_bias "
+          "needs enough correct rollouts when (1 - delta) * positive_bias_size < B)")
 
 
 def train_lagged(run, carry: Carry) -> Carry:

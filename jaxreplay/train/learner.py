@@ -47,7 +47,6 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
     ``batch_bad_slots`` the drawn slots that held no item, plus repeats in a draw without
     replacement (0 whenever ``make_ready`` held before the draw).
   """
-  with_replacement = sampler_cfg.replace or sampler_cfg.sampler in ("recency", "priority")
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def learner_step(state: TrainState, buffer: replay.BufferState, key):
@@ -65,7 +64,7 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
       buffer = jax.lax.with_sharding_constraint(buffer, buffer_sharding)
     metrics.update(replay_stats.batch_stats(s))
     lengths = s.items.completion_mask.sum(-1, dtype=jnp.int32)
-    metrics.update(batch_bad_slots=_bad_slots(valid, s.indices, with_replacement),
+    metrics.update(batch_bad_slots=_bad_slots(valid, s, sampler_cfg),
                    trained_tokens=lengths.sum(),
                    batch_reward=s.items.rewards.mean(),
                    first_use_tokens=jnp.where(
@@ -78,31 +77,41 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
   return learner_step
 
 
-def _bad_slots(valid_c, indices_b, with_replacement: bool) -> jax.Array:
-  """int32 scalar: drawn slots holding no item, plus (without replacement) repeated slots."""
-  bad = (~valid_c[indices_b]).sum(dtype=jnp.int32)
-  if with_replacement:
+def _bad_slots(valid_c, s: replay.SampleResult, cfg: replay.SamplerConfig) -> jax.Array:
+  """int32 scalar: drawn slots that held no item or an item past ``cfg.max_staleness``,
+  plus, for a draw without replacement, repeated slots."""
+  bad = (~valid_c[s.indices]).sum(dtype=jnp.int32)
+  if cfg.max_staleness is not None:
+    bad += (s.staleness > cfg.max_staleness).sum(dtype=jnp.int32)
+  if cfg.with_replacement:
     return bad
-  idx = jnp.sort(indices_b)
+  idx = jnp.sort(s.indices)
   return bad + (idx[1:] == idx[:-1]).sum(dtype=jnp.int32)
 
 
 def make_ready(batch_size: int, sampler_cfg: replay.SamplerConfig):
   """Builds ``ready(buffer, version) -> bool scalar`` (jitted): the learner may draw.
 
-  Reverb's minimum size, the same for every sampler: the buffer holds at least B valid
-  items, and the sampler can draw its batch at policy version ``version`` as configured
-  (``replay.can_sample``: B eligible items for a draw without replacement, after age
-  eviction; one for samplers with replacement).
+  Reverb's minimum size, the same for every sampler: the buffer holds at least B items
+  within ``max_staleness`` of ``version``, and the sampler can draw its batch as configured
+  (``replay.can_sample``: B eligible items for a draw without replacement; one for
+  samplers with replacement).
 
   Args:
     batch_size: B (static). sampler_cfg: the static ``SamplerConfig``.
+
+  Returns:
+    The function; ``buffer`` a ``replay.BufferState``, ``version`` an int32 scalar policy
+    version; the result a bool scalar.
   """
+  age_rule = (None if sampler_cfg.max_staleness is None
+              else replay.SamplerConfig(max_staleness=sampler_cfg.max_staleness))
 
   @jax.jit
   def ready(buffer, version):
-    enough = buffer.size >= batch_size
-    return replay.can_sample(buffer, batch_size, sampler_cfg, version) & enough
+    drawable = buffer if age_rule is None else replay.evict(buffer, version, age_rule)
+    return (replay.can_sample(buffer, batch_size, sampler_cfg, version)
+            & (drawable.size >= batch_size))
 
   return ready
 

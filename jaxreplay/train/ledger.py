@@ -1,4 +1,4 @@
-"""The run's compute ledger and phase timers: small frozen dataclasses that are added.
+"""The run's compute ledger and phase timers: small frozen dataclasses.
 
 Generation returns its increments as a ``Ledger`` value and the learner step's are made
 into one; the loop adds them (``ledger + increment``), as optax returns new state rather
@@ -12,14 +12,8 @@ import dataclasses
 
 
 @dataclasses.dataclass(frozen=True)
-class _Addable:
-  """Field-wise ``+`` and dict round trip for flat dataclasses of numbers."""
-
-  def __add__(self, other):
-    if type(other) is not type(self):
-      return NotImplemented
-    return type(self)(**{f.name: _add(getattr(self, f.name), getattr(other, f.name))
-                         for f in dataclasses.fields(self)})
+class _Flat:
+  """``replace`` and the dict round trip of a flat dataclass of numbers."""
 
   def replace(self, **changes):
     """A copy with ``changes`` applied (``dataclasses.replace``)."""
@@ -38,14 +32,8 @@ class _Addable:
     return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def _add(a, b):
-  if a is None or b is None:
-    return a if b is None else b
-  return a + b
-
-
 @dataclasses.dataclass(frozen=True)
-class Ledger(_Addable):
+class Ledger(_Flat):
   """Running totals of what a run generated and trained on (Arnal et al. 2026, §4: the
   compute axis is generated tokens; ``accounting`` derives μ, W/T and γ from these).
 
@@ -75,9 +63,16 @@ class Ledger(_Addable):
   generation_flops: float = 0.0
   training_flops: float = 0.0
 
+  def __add__(self, other: "Ledger") -> "Ledger":
+    """Field-wise sum."""
+    if not isinstance(other, Ledger):
+      return NotImplemented
+    return Ledger(**{f.name: getattr(self, f.name) + getattr(other, f.name)
+                     for f in dataclasses.fields(self)})
+
 
 @dataclasses.dataclass(frozen=True)
-class Timers(_Addable):
+class Timers(_Flat):
   """Seconds spent in each phase, continued across resumes.
 
   ``learner_wait_s`` (learner blocked waiting for a batch) and ``generator_wait_s``

@@ -47,6 +47,9 @@ def run(cfg, log=print) -> dict:
 def finish(job: Run, carry: Carry) -> dict:
   """Waits for the checkpoint writes, closes the writer and writes ``summary.json``.
 
+  Args:
+    job: the ``build.Run``. carry: the carry after the last step.
+
   Returns:
     The summary: held-out accuracy before and after, generated / trained tokens and
     rollouts, wall time and phase timers, the ledger with the derived μ, W/T, γ and the
