@@ -49,7 +49,9 @@ def _strip(records):
 @pytest.fixture(scope="module")
 def rl_run(tmp_path_factory, cache_dir):
   wd = tmp_path_factory.mktemp("rl")
-  summary = run(small_config(wd, cache_dir), log=lambda *_: None)
+  # 120 steps, not the config's 80: at 80 the gain of one seed is within the noise of the
+  # held-out estimate (+0.029 sampled in one run, 1.6 binomial standard errors).
+  summary = run(small_config(wd, cache_dir, **{"train.steps": 120}), log=lambda *_: None)
   return wd, summary
 
 
@@ -58,8 +60,8 @@ def test_rl_improves_the_policy(rl_run):
   recs = read_metrics(wd)
   rewards = [r["reward"] for r in recs if "reward" in r]
   first, last = np.mean(rewards[:20]), np.mean(rewards[-20:])
-  # measured here: train reward 0.261 -> 0.312, held-out sampled 0.176 -> 0.231,
-  # greedy 0.295 -> 0.319 (configs/small.py, seed 0)
+  # measured here (configs/small.py, seed 0, 120 steps, one device): train reward 0.282 ->
+  # 0.343 (first / last 20 steps), held-out sampled 0.176 -> 0.227, greedy 0.300 -> 0.300
   assert last > first + 0.03, (first, last)
   assert s["acc_sampled_after"] > s["acc_sampled_before"] + 0.03, s
   assert s["acc_greedy_after"] >= s["acc_greedy_before"] - 0.03, s
