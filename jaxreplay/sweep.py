@@ -254,7 +254,8 @@ def execute(cmd: list[str], log_path: str, cache_dir: str | None = None) -> int:
   before re-raising. With ``cache_dir`` (and no ``JAX_COMPILATION_CACHE_DIR`` already in
   the environment) the child uses JAX's persistent compilation cache there: the runs of
   one configuration compile the same programs for every seed, and a cached executable
-  gives the same numbers (measured: a 10-step run 36 s → 20 s, identical metrics).
+  gives the same numbers (one measurement here: a 10-step run 36 s → 20 s, identical
+  metrics by bench/compare_runs.py).
   """
   env = dict(os.environ)
   if cache_dir is not None and "JAX_COMPILATION_CACHE_DIR" not in env:
