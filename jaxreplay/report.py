@@ -8,8 +8,14 @@ written by hand is the fixed explanation below each heading.
 Definitions (also printed in the report):
   * Statistics over seeds are the median and the interquartile range [q25, q75] (linear
     interpolation, ``numpy.percentile``'s default).
+  * Final accuracy of a run: the mean of its last K evaluations (``report.target_last``,
+    default 1: the last one), so that one evaluation's noise does not set it; with K > 1 it
+    is the run's plateau level when the run has one.
   * Target accuracy: the median, over the reference (on-policy) configuration's seeds, of
     its final held-out sampled accuracy.
+  * Plateau check of the reference: its final accuracy minus the mean of the K evaluations
+    before its last K (median [IQR] over seeds); near zero when the reference has stopped
+    improving, clearly positive when its budget cut it off while still rising.
   * Tokens to reach the target: the generated tokens at the first evaluation (step 0
     included) whose sampled accuracy is >= the target, no interpolation between evaluations;
     +inf when no evaluation reaches it. A configuration's "% of on-policy" is each seed's
@@ -278,15 +284,19 @@ class Analysis:
   """
 
   def __init__(self, runs: dict[str, list[RunData]], reference: str, mu_measured: float,
-               mu_paper: float = PAPER_MU):
+               mu_paper: float = PAPER_MU, target_last: int = 1):
     if reference not in runs:
       raise ValueError(f"report.reference={reference!r} is not a configuration "
                        f"({', '.join(runs)})")
-    self.runs, self.reference = runs, reference
+    if not (isinstance(target_last, int) and target_last >= 1):
+      raise ValueError(f"report.target_last={target_last!r} must be an integer >= 1 (the "
+                       "number of last evaluations averaged into a run's final accuracy)")
+    self.runs, self.reference, self.k_last = runs, reference, target_last
     self.mus = {"measured": mu_measured, "paper": mu_paper}
     ref = runs[reference]
     self.ref_batch = (ref[0].batch_size if ref else 0) or 1
-    self.target = quantiles([r.evals[-1]["eval/acc_sampled"] for r in ref])[1]
+    self.target = quantiles([self.metric(r, "final_sampled") for r in ref])[1]
+    self.plateau = [self.metric(r, "final_minus_previous") for r in ref]
     self.ref_steps = quantiles([r.steps for r in ref])[1]
     self.ref_tokens = quantiles([r.evals[-1].get("generated_tokens", 0) for r in ref])[1]
     self.ref_reach = {"tokens": quantiles([r.first_reach(self.target, "generated_tokens")
@@ -308,9 +318,14 @@ class Analysis:
     g = [r.get("eval/acc_greedy", float("nan")) for r in ev]
     k = run.largest_k()
     if name == "final_sampled":
-      return s[-1]
+      return float(np.mean(s[-self.k_last:]))
     if name == "final_greedy":
-      return g[-1]
+      return float(np.mean(g[-self.k_last:]))
+    if name == "final_minus_previous":
+      k = self.k_last
+      if len(s) < 2 * k:
+        return float("nan")
+      return float(np.mean(s[-k:]) - np.mean(s[-2 * k:-k]))
     if name == "peak_sampled":
       return max(s)
     if name == "peak_greedy":
@@ -318,7 +333,7 @@ class Analysis:
     if name == "peak_step":
       return float(ev[int(np.argmax(s))]["step"])
     if name == "drop_sampled":
-      return max(s) - s[-1]
+      return max(s) - self.metric(run, "final_sampled")
     if name == "passk_final":
       return last.get(f"eval/pass@{k}", float("nan")) if k else float("nan")
     if name == "pass1_final":
@@ -367,8 +382,9 @@ def _pct(x: float, ref: float) -> float:
 
 
 METRICS = {
-    "final_sampled": "final held-out sampled accuracy",
-    "final_greedy": "final held-out greedy accuracy",
+    "final_sampled": "final held-out sampled accuracy (mean of the last K evaluations)",
+    "final_greedy": "final held-out greedy accuracy (mean of the last K evaluations)",
+    "final_minus_previous": "final sampled accuracy − mean of the K evaluations before",
     "peak_sampled": "peak held-out sampled accuracy",
     "peak_greedy": "peak held-out greedy accuracy",
     "peak_step": "learner step of the sampled-accuracy peak",
@@ -555,7 +571,8 @@ def write_report(sweep: dict, workdir: str, command: str) -> list[str]:
   the folder of the same name without ``.md``; relative paths are relative to the working
   directory. Settings read from ``sweep['report']``: ``reference`` (default the first
   configuration), ``paper_mu`` (5.3), ``theory`` (list of dicts ``rho``, ``alpha``),
-  ``claims`` (list of claim specs, see ``evaluate_claim``), ``title``.
+  ``claims`` (list of claim specs, see ``evaluate_claim``), ``title``, ``target_last`` (K,
+  default 1: a run's final accuracy is the mean of its last K evaluations).
   """
   rep = sweep.get("report", {}) or {}
   md_path = os.path.abspath(rep.get("results_md") or os.path.join(workdir, "results.md"))
@@ -582,13 +599,18 @@ def write_report(sweep: dict, workdir: str, command: str) -> list[str]:
     L += ["", f"No run of the reference configuration `{reference}` yet: nothing to compare."]
     _write(md_path, L)
     return [md_path]
-  an = Analysis(present, reference, mu["time"], paper_mu)
+  k_last = int(rep.get("target_last", 1))
+  an = Analysis(present, reference, mu["time"], paper_mu, target_last=k_last)
+  final_is = "its last evaluation" if k_last == 1 else f"the mean of its last {k_last} evaluations"
   L += [f"- measured μ (median over runs): {fmt(mu['time'])} from phase times (steady state, "
         f"first step left out), {fmt(mu['flops'])} from FLOP estimates; the paper's μ: "
         f"{paper_mu}",
-        f"- target: the reference `{reference}`'s final held-out sampled accuracy, median over "
-        f"its seeds = **{fmt(an.target)}** (reached at {fmt(an.ref_reach['tokens'], 0)} "
-        f"generated tokens, median over its seeds)", ""]
+        f"- target: the reference `{reference}`'s final held-out sampled accuracy "
+        f"({final_is}), median over its seeds = **{fmt(an.target)}** (reached at "
+        f"{fmt(an.ref_reach['tokens'], 0)} generated tokens, median over its seeds)",
+        f"- plateau check: the reference's final accuracy minus the mean of the {k_last} "
+        f"evaluation(s) before = {fmt_q(an.plateau)} (median [IQR] over seeds; near 0: it has "
+        "stopped improving, clearly positive: still rising when its budget ended)", ""]
 
   # figures
   paths = [md_path]
@@ -651,7 +673,7 @@ def write_report(sweep: dict, workdir: str, command: str) -> list[str]:
   # accuracy
   k = present[reference][0].largest_k()
   L += ["## Accuracy", "", "Median [IQR] over seeds. Peak: the best evaluation of a run; "
-        "final: its last. Entropy: the fresh-sample entropy of the final evaluation.", ""]
+        f"final: {final_is}. Entropy: the fresh-sample entropy of the last evaluation.", ""]
   rows = [[f"`{n}`"] + [fmt_q(an.values(n, m)) for m in
                         ("peak_sampled", "final_sampled", "peak_greedy", "final_greedy",
                          "passk_final", "entropy_final", "sampled_at_ref_tokens",

@@ -94,7 +94,7 @@ def test_plan_and_command():
   cmd = sweep.command(s, runs[1], "/w")
   assert cmd[1:3] == ["-m", "jaxreplay.main"] and "--config.seed=0" in cmd
   assert "--config.warmstart.cache_dir=/w/base_policies" in cmd
-  assert "--config.rollout.per_step=32" in cmd and "--config.train.steps=200" in cmd
+  assert "--config.rollout.per_step=32" in cmd and "--config.train.steps=480" in cmd
   assert sweep.format_value(True) == "True" and sweep.format_value((0, 1)) == "(0, 1)"
   # equal generation budgets: every configuration generates STEPS·B rollouts
   gen = {c["name"]: c["overrides"]["rollout.per_step"] * c["overrides"]["train.steps"]
@@ -160,6 +160,27 @@ def test_verdict_rule():
   assert report.verdict([math.inf] * 3, [1, 2, 3], "higher") == "supported"
   with pytest.raises(ValueError):
     report.verdict([1], [2], "bigger")
+
+
+def test_final_accuracy_averages_the_last_k_evaluations(tmp_path):
+  onpol = {0: {0: 0.1, 2: 0.3, 4: 0.5}, 1: {0: 0.1, 2: 0.6, 4: 0.6}, 2: {0: 0.1, 2: 0.4, 4: 0.7}}
+  for seed, ev in onpol.items():
+    _write_run(tmp_path / "onpol" / f"seed{seed}", ev, b=4, r=4, n=4)
+  runs, _ = report.load_runs(_sweep_dict(["onpol"]), str(tmp_path))
+  one = report.Analysis(runs, "onpol", mu_measured=1.0, target_last=1)
+  # plateau check at K = 1: last minus the one before
+  assert one.plateau == pytest.approx([0.2, 0.0, 0.3])
+  two = report.Analysis(runs, "onpol", mu_measured=1.0, target_last=2)
+  # finals (0.3 + 0.5)/2, (0.6 + 0.6)/2, (0.4 + 0.7)/2 -> median 0.55
+  assert two.values("onpol", "final_sampled") == pytest.approx([0.4, 0.6, 0.55])
+  assert two.target == pytest.approx(0.55)
+  assert two.values("onpol", "drop_sampled") == pytest.approx([0.1, 0.0, 0.15])
+  # 3 evaluations cannot give two disjoint windows of 2
+  assert all(math.isnan(x) for x in two.plateau)
+  # seed 0 never reaches 0.55; seed 1 at step 2 (20 tokens); seed 2 at step 4 (40)
+  assert two.ref_reach["tokens"] == 40
+  with pytest.raises(ValueError, match="report.target_last"):
+    report.Analysis(runs, "onpol", mu_measured=1.0, target_last=0)
 
 
 def test_tokens_to_reach_with_known_answers(tmp_path):

@@ -107,6 +107,7 @@ def get_config():
       title="Replay vs on-policy on the embedded task (configs/default.py, B = 64)",
       results_md="docs/results.md",
       reference="onpolicy",
+      target_last=3,   # a run's final accuracy: the mean of its last 3 evaluations
       paper_mu=5.3,
       theory=[dict(rho=0.1, alpha=0.25), dict(rho=0.1, alpha=0.1), dict(rho=0.05, alpha=0.1)],
       claims=[
