@@ -14,8 +14,10 @@ def get_config():
   c.seed = 0
   c.workdir = "runs/default"
 
+  # source: "reasoning_gym" (generated offline), or "jsonl" / "parquet" files in a format
+  # (plain, gsm8k, math) — see jaxreplay/tasks/spec.py for which option applies to which.
   c.task = config_dict.ConfigDict(dict(
-      source="reasoning_gym",  # or "jsonl"
+      source="reasoning_gym",
       name="chain_sum",
       seed=1234,
       train_size=20000,
@@ -30,6 +32,11 @@ def get_config():
       answer_extraction="bare",  # "bare": the completion is the answer; "math": math-verify
       chat_template=False,  # model.source="hf": wrap prompts in the checkpoint's chat template
       system_prompt="",  # with chat_template: a system turn ("" = none)
+      format="plain",  # file sources: how the gold is read: plain, gsm8k (####), math (boxed)
+      question_field="", answer_field="", solution_field="",  # file columns; "" = format's
+      # Reward calls run in this many worker processes (killed and replaced at the timeout);
+      # 0 = in this process, for scorers that cannot hang (chain_sum's string compare).
+      reward_workers=0,
   ))
 
   # source "builtin": this small decoder, warm-started below; "hf": a local Hugging Face

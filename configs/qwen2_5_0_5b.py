@@ -7,7 +7,8 @@ then ``python -m jaxreplay.main --config configs/qwen2_5_0_5b.py
 
 Task: reasoning-gym's ``gsm_symbolic`` (GSM8K problems re-instantiated with new numbers,
 generated locally), prompts wrapped in the checkpoint's chat template with a system turn
-asking for a boxed answer, rewards by math-verify on the final answer. Replay as in the
+asking for a boxed answer, rewards by math-verify on the final answer (scored in 2 worker
+processes, each call killed at ``task.reward_timeout_s``). Replay as in the
 default: N = 4R, B = 2R (each rollout trained on twice on average, at most 3 versions
 stale). bf16 compute with float32 parameters and Adam state.
 """
@@ -22,7 +23,7 @@ def get_config():
   c.task.kwargs = {}  # replaces chain_sum's options (update() would merge them)
   c.task.update(name="gsm_symbolic", prompt_template="{question}",
                 train_size=20000, heldout_size=600, prompt_width=320,
-                answer_extraction="math", chat_template=True,
+                answer_extraction="math", reward_workers=2, chat_template=True,
                 system_prompt="Please reason step by step, and put your final answer "
                               "within \\boxed{}.")
   c.sampler.update(max_new_tokens=512, temperature=1.0)

@@ -8,6 +8,7 @@ import os
 
 from jaxreplay import replay
 from jaxreplay.rl.spec import GROUP_ESTIMATORS, AlgoSpec
+from jaxreplay.tasks.spec import validate_task
 
 
 def load_config(path: str):
@@ -189,8 +190,10 @@ def validate(cfg, device_count: int | None = None) -> None:
   if spec.lr_schedule == "cosine" and 0 < cfg.train.steps <= spec.warmup_steps:
     _fail("algo.warmup_steps", spec.warmup_steps,
           f"must be < train.steps={cfg.train.steps} with algo.lr_schedule='cosine'")
-  _choice(cfg, "task.source", ("reasoning_gym", "jsonl"))
-  _choice(cfg, "task.on_too_long", ("truncate_left", "skip"))
+  try:  # every task option is honoured by the chosen source or refused (tasks/spec.py)
+    validate_task(cfg.task)
+  except (ValueError, FileNotFoundError) as e:
+    raise ConfigError(f"config.{e}") from None
   r, g = cfg.rollout.per_step, cfg.rollout.group_size
   if g < 1:
     _fail("rollout.group_size", g, "must be >= 1")

@@ -10,7 +10,7 @@ from jaxreplay.models.tokenizer import (decode_completions, encode_answers, enco
                                         train_bpe_tokenizer)
 from jaxreplay.tasks import make_task
 from jaxreplay.tasks.base import extract_answer
-from jaxreplay.tasks.jsonl_task import read_jsonl_examples
+from jaxreplay.tasks.file_task import read_examples
 
 
 def _cfg(**kw):
@@ -74,17 +74,17 @@ def test_jsonl_rows_malformed_are_skipped_and_counted(tmp_path):
                 b'{"answer": "3"}\n'
                 b'\xff\xfe\n'
                 + json.dumps({"question": "2 + 2 =", "answer": 4}).encode() + b"\n")
-  ex, skipped = read_jsonl_examples(str(p))
+  ex, skipped = read_examples(str(p), "jsonl")
   assert [(e.prompt, e.answer) for e in ex] == [("1 + 1 =", "2"), ("2 + 2 =", "4")]
   assert skipped == 4
 
 
 def test_jsonl_missing_or_empty_file_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-    read_jsonl_examples(str(tmp_path / "nope.jsonl"))
+    read_examples(str(tmp_path / "nope.jsonl"), "jsonl")
   (tmp_path / "e.jsonl").write_text("bad\n")
   with pytest.raises(ValueError, match="no valid rows"):
-    read_jsonl_examples(str(tmp_path / "e.jsonl"))
+    read_examples(str(tmp_path / "e.jsonl"), "jsonl")
 
 
 def test_tokenizer_round_trip_and_left_padding(task):

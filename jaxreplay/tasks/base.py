@@ -7,7 +7,6 @@ generates a completion, decodes it, and calls ``Task.reward(completion, example)
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any, Callable, Protocol, Sequence
 
 
@@ -19,15 +18,22 @@ class Example:
     prompt: text shown to the policy (the question).
     answer: the gold answer as text.
     meta: task-specific data its scorer needs (e.g. a reasoning-gym entry).
+    gold: the gold answer parsed once by math-verify (``math_answer.parse_gold``) for
+      ``answer_extraction='math'``; ``None`` otherwise.
   """
 
   prompt: str
   answer: str
   meta: Any = None
+  gold: Any = None
 
 
 class Task(Protocol):
-  """A prompt source plus a reward function."""
+  """A prompt source plus a reward function.
+
+  Tasks built by ``make_task`` also carry ``scorer``: the ``tasks.scoring.Scorer`` the loop
+  scores batches with (in-process or a process pool, with the configured timeout).
+  """
 
   name: str
   train: Sequence[Example]
@@ -75,29 +81,18 @@ def binary_reward(score: Callable[[str | None], float], completion: str) -> floa
   return 1.0 if score(extract_answer(completion)) >= 1.0 else 0.0
 
 
-ANSWER_EXTRACTIONS = ("bare", "math")
-
-
 def math_reward(gold: str, completion: str) -> float:
-  """Binary reward by ``math-verify``: 1.0 when the completion's final answer equals ``gold``.
+  """Binary reward by math-verify for a gold answer given as text (parsed on each call).
 
-  For chain-of-thought completions (GSM8K style): math-verify extracts the answer the
-  completion states — ``\\boxed{...}``, a final "the answer is ...", else the last
-  number — and compares it with ``gold`` symbolically (``18`` = ``18.0`` = ``\\frac{36}{2}``).
-  math-verify's own signal-based timeouts are disabled (they only work on the main
-  thread); the caller's ``task.reward_timeout_s`` bounds the call instead.
+  Tasks parse each example's gold once (``math_answer.parse_gold``) and call
+  ``math_answer.verify_answer``; this is the same check for one-off use.
 
   Args:
-    gold: the reference answer text, e.g. ``"18"``.
+    gold: the reference answer text, e.g. ``"18"`` or ``"\\frac{1}{2}"``.
     completion: decoded completion text.
 
   Returns:
-    0.0 or 1.0.
+    0.0 or 1.0 (0.0 when ``gold`` cannot be parsed).
   """
-  from math_verify import parse, verify
-  logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled" notes
-  target = parse(f"${gold}$", parsing_timeout=None)
-  found = parse(completion, parsing_timeout=None)
-  if not target or not found:
-    return 0.0
-  return 1.0 if verify(target, found, timeout_seconds=None) else 0.0
+  from jaxreplay.tasks.math_answer import parse_gold, verify_answer
+  return verify_answer(parse_gold(gold), completion)

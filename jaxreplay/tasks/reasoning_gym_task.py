@@ -8,7 +8,9 @@ from typing import Any
 
 import reasoning_gym
 
-from jaxreplay.tasks.base import ANSWER_EXTRACTIONS, Example, binary_reward, math_reward
+from jaxreplay.tasks.base import Example, binary_reward
+from jaxreplay.tasks.math_answer import MathReward, verify_answer, with_parsed_gold
+from jaxreplay.tasks.spec import ANSWER_EXTRACTIONS
 
 # reasoning-gym builds item i from a generator seeded with seed + i, so the held-out
 # split uses a seed this far from the train seed, and is deduplicated by question text
@@ -27,7 +29,11 @@ class ReasoningGymTask:
     duplicates_dropped: held-out items removed because their question was in train.
     answer_extraction: ``"bare"`` — the completion is the answer, scored by the dataset's
       own ``score_answer``; ``"math"`` — chain-of-thought completions, the final answer
-      extracted and compared with the gold answer by math-verify (``base.math_reward``).
+      extracted and compared with the gold answer parsed once per example
+      (``math_answer.verify_answer``).
+    invalid_gold: with ``"math"``, items per split whose gold answer math-verify cannot
+      parse; they are excluded from the splits (never scored, never a free reward).
+    scorer: the ``scoring.Scorer`` the loop uses (set by ``make_task``).
   """
 
   name: str
@@ -36,13 +42,21 @@ class ReasoningGymTask:
   duplicates_dropped: int
   _dataset: Any
   answer_extraction: str = "bare"
+  invalid_gold: dict = dataclasses.field(default_factory=lambda: {"train": 0, "heldout": 0})
+  scorer: Any = None
 
   def reward(self, completion: str, example: Example) -> float:
     """Binary reward: the dataset's own ``score_answer`` (see ``binary_reward``), or
-    math-verify against ``example.answer`` when ``answer_extraction='math'``."""
+    math-verify against ``example.gold`` when ``answer_extraction='math'``."""
     if self.answer_extraction == "math":
-      return math_reward(example.answer, completion)
+      return verify_answer(example.gold, completion)
     return binary_reward(lambda a: self._dataset.score_answer(a, example.meta), completion)
+
+  @property
+  def reward_fn(self):
+    """The picklable reward a scoring worker runs: ``MathReward`` for ``"math"`` (no
+    example lists shipped), else ``reward`` with the dataset bound."""
+    return MathReward() if self.answer_extraction == "math" else self.reward
 
 
 def _examples(dataset, template: str) -> list[Example]:
@@ -99,6 +113,14 @@ def make_reasoning_gym_task(name: str, seed: int, train_size: int, heldout_size:
   if not heldout:
     raise ValueError(f"task {name!r}: every held-out item also appears in train; "
                      "raise task.heldout_size or widen the difficulty")
-  return ReasoningGymTask(name=name, train=train, heldout=heldout,
-                          duplicates_dropped=len(held_all) - len(heldout), _dataset=train_ds,
-                          answer_extraction=answer_extraction)
+  dropped = len(held_all) - len(heldout)
+  invalid = {"train": 0, "heldout": 0}
+  if answer_extraction == "math":
+    train, invalid["train"] = with_parsed_gold(train)
+    heldout, invalid["heldout"] = with_parsed_gold(heldout)
+    if not train or not heldout:
+      raise ValueError(f"task {name!r}: no item's gold answer can be parsed by math-verify "
+                       f"({invalid}); use task.answer_extraction='bare'")
+  return ReasoningGymTask(name=name, train=train, heldout=heldout, duplicates_dropped=dropped,
+                          _dataset=train_ds, answer_extraction=answer_extraction,
+                          invalid_gold=invalid)

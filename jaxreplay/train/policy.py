@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -12,6 +11,7 @@ from tokenizers import Tokenizer
 from jaxreplay.models.hf_tokenizer import HFTokenizer
 from jaxreplay.models.tokenizer import decode_completions, encode_prompts, special_ids
 from jaxreplay.tasks.base import Example
+from jaxreplay.tasks.scoring import score_in_process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,50 +98,25 @@ class HFTextIO(TextIO):
     return self.hf.decode_completions(tokens, mask)
 
 
-def _call_with_timeout(fn, timeout_s: float):
-  """Runs ``fn()`` in a daemon thread; returns (ok, value). A call still running after
-  ``timeout_s`` seconds is abandoned (its thread cannot be killed but never blocks exit)."""
-  box = {}
-
-  def target():
-    try:
-      box["value"] = fn()
-    except Exception as e:  # noqa: BLE001 - reported as a failure by the caller
-      box["error"] = e
-
-  t = threading.Thread(target=target, daemon=True)
-  t.start()
-  t.join(timeout_s)
-  if t.is_alive() or "error" in box:
-    return False, None
-  return True, box["value"]
-
-
 def score(task, texts: Sequence[str], examples: Sequence[Example],
           timeout_s: float | None = None) -> tuple[np.ndarray, int]:
   """Rewards of decoded completions. A reward function that raises, returns a non-finite
-  value, or runs longer than ``timeout_s`` seconds gives reward 0 and is counted.
+  value, or runs longer than its timeout gives reward 0 and is counted.
+
+  A task built by ``make_task`` carries its ``scorer`` (``tasks.scoring.Scorer``: in this
+  process or a pool of worker processes, with ``task.reward_timeout_s``), and training and
+  evaluation both score through it; ``timeout_s`` is then unused. Any other object with a
+  ``reward`` is scored in this process with ``timeout_s``.
 
   Args:
-    task: has ``reward(text, example) -> float``.
+    task: has ``scorer``, or ``reward(text, example) -> float``.
     texts: B decoded completions. examples: the B matching examples.
-    timeout_s: per-completion limit in seconds (None: no limit, no thread).
+    timeout_s: per-completion limit in seconds without a scorer (None: no limit, no thread).
 
   Returns:
     (rewards [B] float32, number of reward failures).
   """
-  out = np.zeros((len(texts),), np.float32)
-  failures = 0
-  for i, (t, e) in enumerate(zip(texts, examples)):
-    if timeout_s is None:
-      try:
-        ok, value = True, float(task.reward(t, e))
-      except Exception:  # noqa: BLE001 - a crashing scorer must not stop the run
-        ok, value = False, None
-    else:
-      ok, value = _call_with_timeout(lambda t=t, e=e: float(task.reward(t, e)), timeout_s)
-    if ok and np.isfinite(value):
-      out[i] = value
-    else:
-      failures += 1
-  return out, failures
+  scorer = getattr(task, "scorer", None)
+  if scorer is not None:
+    return scorer(texts, examples)
+  return score_in_process(task.reward, texts, examples, timeout_s)

@@ -52,9 +52,16 @@ def builtin_model_config(model_cfg) -> TransformerConfig:
                               if k not in ("source", "path")})
 
 
+_FILE_DEFAULTS = {"format": "plain", "question_field": "", "answer_field": "", "solution_field": ""}
+
+
 def base_policy_key(cfg) -> str:
   """Hash of the config fields that determine the base policy (and its tokenizer)."""
-  task = {k: v for k, v in cfg.task.to_dict().items() if k not in ("reward_timeout_s",)}
+  # How rewards are scored does not change the base policy. The file-source options hash
+  # only when set away from their defaults, so caches written before they existed stay valid.
+  task = {k: v for k, v in cfg.task.to_dict().items()
+          if k not in ("reward_timeout_s", "reward_workers")
+          and not (k in _FILE_DEFAULTS and v == _FILE_DEFAULTS[k])}
   blob = json.dumps({"task": task, "model": cfg.model.to_dict(),
                      "warmstart": {k: v for k, v in cfg.warmstart.to_dict().items()
                                    if k != "cache_dir"},
