@@ -219,11 +219,18 @@ class Scorer:
     self._finalizer()
     self._finalizer = weakref.finalize(self, Scorer._stop_all, self._pool)
 
-  def kill_worker_for_test(self, index: int = 0) -> int:
-    """SIGKILLs worker ``index`` from outside, as the OOM killer would; returns its pid."""
+  def kill_worker(self, index: int = 0) -> int:
+    """SIGKILLs worker ``index`` (0 <= index < workers, pool started) and waits for it to
+    die, as the OOM killer would; the next call replaces it. Returns its pid."""
     w = self._pool[index]
     w.proc.kill()
+    w.proc.wait()
     return w.proc.pid
+
+  @property
+  def pids(self) -> list[int]:
+    """Process ids of the current workers (empty before the first call)."""
+    return [w.proc.pid for w in self._pool]
 
   def _replace(self, w: _Worker) -> None:
     self._kill(w)

@@ -63,8 +63,9 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
              top_p: float = 1.0) -> dict[str, float]:
   """Held-out accuracy: greedy (temperature 0) and sampled at ``temperature``, with pass@k.
 
-  The sampled pass draws ``samples_per_example`` completions per example; pass@k for
-  k in ``PASS_AT`` up to that count uses the unbiased estimator (``pass_at_k``) with
+  Rewards go through ``policy.score``: the task's scorer, with the same timeout and worker
+  pool as training. The sampled pass draws ``samples_per_example`` completions per example;
+  pass@k for k in ``PASS_AT`` up to that count uses the unbiased estimator (``pass_at_k``) with
   "correct" meaning reward >= ``correct_threshold``. The fresh-sample entropy is the
   mean per-token entropy of the policy's (tempered) next-token distribution over the
   completion tokens it just sampled — comparable to the training-batch ``entropy``,
@@ -83,8 +84,12 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
   Returns:
     {"acc_greedy", "acc_sampled" (= mean reward of the sampled pass), "len_sampled"
     (mean completion length, tokens), "entropy_fresh" (nats per token),
-    "pass@k" for each k in PASS_AT with k <= samples_per_example (fractions in [0, 1])}.
+    "pass@k" for each k in PASS_AT with k <= samples_per_example (fractions in [0, 1]),
+    "reward_failures" (int: reward calls of both passes that raised, returned NaN, timed
+    out or lost their scoring worker; each scored 0)}.
   """
+  failures = [0]  # reward calls that raised, timed out or lost their worker (scored 0)
+
   def run(exs, temp, k, with_entropy=False, tk=0, tp=1.0):
     rewards, lengths, ent = [], [], [0.0, 0]
     for s in range(0, len(exs), chunk):
@@ -96,7 +101,8 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
       g = generate(graphdef, params, toks, mask, sub, max_new_tokens=max_new_tokens,
                    temperature=temp, top_k=tk, top_p=tp, eos_ids=io.eos_ids,
                    pad_id=io.pad_id)
-      r, _ = score(task, io.decode(g.tokens[:n], g.mask[:n]), part[:n])
+      r, f = score(task, io.decode(g.tokens[:n], g.mask[:n]), part[:n])
+      failures[0] += f
       rewards.append(r)
       lengths.append(np.asarray(g.length[:n]))
       if with_entropy:
@@ -112,7 +118,8 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
   rep = [e for e in examples for _ in range(samples_per_example)]
   r_s, len_s, ent = run(rep, temperature, key, with_entropy=True, tk=top_k, tp=top_p)
   out = {"acc_greedy": float(r_g.mean()), "acc_sampled": float(r_s.mean()),
-         "len_sampled": float(len_s.mean()), "entropy_fresh": float(ent)}
+         "len_sampled": float(len_s.mean()), "entropy_fresh": float(ent),
+         "reward_failures": failures[0]}
   correct = (r_s >= correct_threshold).reshape(len(examples), samples_per_example).sum(1)
   n = np.full(len(examples), samples_per_example)
   for k in PASS_AT:
