@@ -8,6 +8,7 @@ caller's own init code, so a checkpoint also restores onto another mesh.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -16,6 +17,9 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
+
+from jaxreplay.parallel import multihost
 
 
 FAULT_ENV = "JAXREPLAY_FAULT"
@@ -40,27 +44,42 @@ def fault_point(name: str, step: int | None = None, detail: str = "") -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def write_atomic(path: str, text: str) -> None:
+def run_path(path: str | os.PathLike) -> epath.Path:
+  """``path`` as an ``etils.epath.Path``: URLs (``gs://bucket/run``) are kept as they are,
+  a relative local path is made absolute against the working directory."""
+  p = epath.Path(path)
+  return p if p.is_absolute() else p.absolute()
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
   """Writes ``text`` to ``path`` so that a crash leaves the old file or the new one, whole.
 
-  Writes ``path.tmp-PID``, fsyncs it, then ``os.replace``s it over ``path``.
+  Local files: writes ``path.tmp-PID``, fsyncs it, then ``os.replace``s it over ``path``.
+  Object stores (``gs://`` and other ``epath`` URLs) replace an object in one request,
+  which is already all or nothing, so the text is written directly.
   """
-  tmp = f"{path}.tmp-{os.getpid()}"
+  p = epath.Path(path)
+  if "://" in str(p):
+    p.write_text(text)
+    return
+  tmp = f"{p}.tmp-{os.getpid()}"
   with open(tmp, "w") as f:
     f.write(text)
     f.flush()
     os.fsync(f.fileno())
-  os.replace(tmp, path)
+  os.replace(tmp, str(p))
 
 
-def make_manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
-  """A CheckpointManager at ``directory`` keeping the last ``max_to_keep`` steps.
+def make_manager(directory: str | os.PathLike, max_to_keep: int) -> ocp.CheckpointManager:
+  """A CheckpointManager at ``directory`` (``run_path``) keeping the last ``max_to_keep`` steps.
 
   Temporary directories of saves that never finished (a process killed mid-save) are
-  removed when the manager is created; they are never read as checkpoints.
+  removed when the manager is created; they are never read as checkpoints. In a
+  multi-process job every process creates the manager on the same directory; Orbax
+  coordinates the writes.
   """
   return ocp.CheckpointManager(
-      os.path.abspath(directory),
+      run_path(directory),
       options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
                                            enable_async_checkpointing=True,
                                            cleanup_tmp_directories=True))
@@ -69,14 +88,14 @@ def make_manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
 BEST_METRIC = "acc_sampled"  # held-out accuracy of sampled completions (eval/acc_sampled)
 
 
-def make_best_manager(directory: str) -> ocp.CheckpointManager:
+def make_best_manager(directory: str | os.PathLike) -> ocp.CheckpointManager:
   """A CheckpointManager at ``directory`` that keeps one checkpoint: the best ``BEST_METRIC``.
 
   Orbax's ``best_fn`` retention: each save passes ``metrics={BEST_METRIC: value}`` and
   only the highest-valued checkpoint survives. Use ``save_best`` to write to it.
   """
   return ocp.CheckpointManager(
-      os.path.abspath(directory),
+      run_path(directory),
       options=ocp.CheckpointManagerOptions(
           max_to_keep=1, best_fn=lambda m: m[BEST_METRIC], best_mode="max",
           keep_checkpoints_without_metrics=False, enable_async_checkpointing=True,
@@ -148,14 +167,121 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> N
   fault_point("kill_during_save", step, f"(save in progress: {manager.is_saving_in_progress()})")
 
 
+class CheckpointReadError(RuntimeError):
+  """A checkpoint that could not be read for a reason other than its content (out of
+  memory, an I/O, permission or network error, missing storage). Nothing was moved: fix
+  the cause and rerun, and the same checkpoint is read."""
+
+
+# errno values of the storage or the machine, never of a checkpoint's bytes.
+_ENVIRONMENT_ERRNOS = frozenset(
+    getattr(errno, n) for n in ("EACCES", "EPERM", "EIO", "ENOMEM", "ENOSPC", "EROFS",
+                                "ETIMEDOUT", "ECONNRESET", "ECONNREFUSED", "ECONNABORTED",
+                                "EHOSTUNREACH", "ENETUNREACH", "ENETDOWN", "EAGAIN", "EBUSY",
+                                "EMFILE", "ENFILE", "ESTALE", "EDQUOT", "ENOLINK")
+    if hasattr(errno, n))
+# Status codes (absl / gRPC, as XLA and TensorStore print them) and phrases of the same
+# kinds of failure: memory, permissions, an unreachable or absent store.
+_ENVIRONMENT_MARKERS = ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "UNAUTHENTICATED",
+                        "UNAVAILABLE", "DEADLINE_EXCEEDED", "out of memory",
+                        "Permission denied", "Input/output error", "NoSuchBucket",
+                        "bucket does not exist")
+
+
+def _chain(e: BaseException):
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    yield e
+    e = e.__cause__ or e.__context__
+
+
+def environment_cause(e: BaseException) -> str | None:
+  """Why ``e`` (raised while reading a checkpoint) is not evidence of a corrupt checkpoint,
+  or None when it may be.
+
+  Looks through ``e``'s cause/context chain for ``MemoryError``, ``PermissionError``,
+  ``TimeoutError``, ``ConnectionError``, an ``OSError`` whose errno is one of the machine
+  or the storage (EACCES, EIO, ENOMEM, ENOSPC, ETIMEDOUT, ...), or a message carrying a
+  status code of that kind (``RESOURCE_EXHAUSTED``, ``PERMISSION_DENIED``,
+  ``UNAVAILABLE``, ...: XLA's out-of-memory errors and TensorStore's storage errors).
+
+  Returns:
+    A short reason (str), or None.
+  """
+  for x in _chain(e):
+    if isinstance(x, MemoryError):
+      return "out of memory"
+    if isinstance(x, (PermissionError, TimeoutError, ConnectionError)):
+      return f"{type(x).__name__}"
+    if isinstance(x, OSError) and x.errno in _ENVIRONMENT_ERRNOS:
+      return f"OSError {errno.errorcode.get(x.errno, x.errno)}"
+    text = str(x)
+    for marker in _ENVIRONMENT_MARKERS:
+      if marker.lower() in text.lower():
+        return marker
+  return None
+
+
+def storage_problem(directory: epath.Path, step: int) -> str | None:
+  """Checks that the storage under a checkpoint answers: the manager's directory exists,
+  step ``step``'s directory lists, and every file in it opens and yields its first byte.
+
+  A read that failed although all of this works failed on the checkpoint's content: the
+  checkpoint is corrupt. Cost: one listing and one small read per file.
+
+  Returns:
+    None when the storage answered; else what failed (str).
+  """
+  try:
+    if not directory.exists():
+      return f"the checkpoint directory {directory} does not exist (storage missing?)"
+    step_dir = directory / str(step)
+    if not step_dir.exists():
+      return f"{step_dir} disappeared while it was being read"
+    todo = [step_dir]
+    while todo:  # iterdir, not rglob: epath's rglob refuses "**" on object stores
+      for f in todo.pop().iterdir():
+        if f.is_dir():
+          todo.append(f)
+        else:
+          with f.open("rb") as fh:
+            fh.read(1)
+  except Exception as e:  # noqa: BLE001 - any failure of the storage itself
+    return f"{type(e).__name__}: {str(e)[:200]}"
+  return None
+
+
+def _set_aside(manager: ocp.CheckpointManager, step: int) -> epath.Path:
+  """Renames checkpoint ``step`` to ``STEP.unreadable-TIME`` (process 0; every process
+  waits for it and reloads the manager's step list). Returns the new path."""
+  directory = epath.Path(manager.directory)
+  # The time is process 0's, sent to all so every process reports the same path.
+  stamp = int(multihost.agree(int(time.time()))[0])
+  aside = directory / f"{step}.unreadable-{stamp}"
+  if multihost.is_primary():
+    (directory / str(step)).rename(aside)
+  multihost.barrier(f"jaxreplay_set_aside_{step}_{stamp}")
+  manager.reload()
+  return aside
+
+
 def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None,
             log=print):
   """Restores (state, meta) of ``step``, or of the newest readable checkpoint.
 
-  Without ``step`` it tries the checkpoints from newest to oldest: a corrupted or
-  truncated one is reported through ``log``, renamed to ``STEP.unreadable-TIME`` (kept for
-  inspection, out of the manager's way so that step can be saved again) and skipped, so
-  the run falls back to the previous complete checkpoint.
+  Without ``step`` it tries the checkpoints from newest to oldest. A read that fails is
+  classified before anything is touched: when the failure comes from the machine or the
+  storage (``environment_cause``: out of memory, an I/O, permission or network error) or
+  the storage does not answer (``storage_problem``: missing directory, unreadable files),
+  the run stops with ``CheckpointReadError`` and every checkpoint stays where it is. Only
+  a checkpoint whose storage answers but whose content fails to read — truncated or
+  missing files, unparsable metadata: verified corrupt — is reported through ``log``,
+  renamed to ``STEP.unreadable-TIME`` (kept for inspection, out of the manager's way so
+  that step can be saved again) and skipped, so the run falls back to the previous
+  complete checkpoint. In a multi-process job every process reads its own shards and the
+  processes agree (``parallel.multihost.agree``): one environment failure anywhere stops
+  all of them, and only process 0 renames.
 
   Args:
     manager: the CheckpointManager. abstract_state: a pytree with the target shapes,
@@ -169,7 +295,8 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
     (state pytree, meta dict), or None when the directory holds no checkpoint.
 
   Raises:
-    RuntimeError: checkpoints exist but none could be read.
+    CheckpointReadError: a read failed for a reason other than corruption (nothing moved).
+    RuntimeError: checkpoints exist but none could be read (all verified corrupt).
   """
   abstract = abstract_target(abstract_state)
   steps = [step] if step is not None else sorted(manager.all_steps(), reverse=True)
@@ -177,27 +304,53 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
     return None
   errors = []
   for s in steps:
+    out, error = None, None
     try:
       out = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                        meta=ocp.args.JsonRestore()))
+    except Exception as e:  # noqa: BLE001 - classified below
+      error = e
+    cause = None if error is None else (environment_cause(error)
+                                        or storage_problem(epath.Path(manager.directory), s))
+    # 0: read, 1: verified corrupt, 2: the machine or the storage failed.
+    codes = multihost.agree(0 if error is None else (2 if cause else 1))
+    if codes.max() == 0:
       return out.state, out.meta
-    except Exception as e:  # noqa: BLE001 - any unreadable checkpoint falls back
-      errors.append(f"step {s}: {type(e).__name__}: {str(e)[:200]}")
-      if step is None:
-        aside = os.path.join(str(manager.directory), f"{s}.unreadable-{int(time.time())}")
-        os.replace(os.path.join(str(manager.directory), str(s)), aside)
-        manager.reload()
-        log(f"checkpoint at step {s} in {manager.directory} is unreadable "
-            f"({type(e).__name__}); moved to {aside}, falling back to the previous one")
+    if codes.max() == 2:
+      where = "" if cause else f" on process {int(codes.argmax())}"
+      what = f"{type(error).__name__}: {str(error)[:300]}" if error is not None else "see there"
+      raise CheckpointReadError(
+          f"cannot read the checkpoint at step {s} in {manager.directory}{where} "
+          f"({cause or 'another process'}; {what}). This is not a corrupt checkpoint: "
+          "nothing was moved. Fix the cause (memory, storage access, permissions) and rerun; "
+          "the run resumes from this checkpoint.") from error
+    detail = (f"{type(error).__name__}: {str(error)[:200]}" if error is not None
+              else "unreadable on another process")
+    errors.append(f"step {s}: {detail}")
+    if step is None:
+      aside = _set_aside(manager, s)
+      log(f"checkpoint at step {s} in {manager.directory} is corrupt ({detail[:120]}); "
+          f"moved to {aside}, falling back to the previous one")
   raise RuntimeError("no readable checkpoint: " + "; ".join(errors))
 
 
 def read_meta(manager: ocp.CheckpointManager) -> dict | None:
-  """The JSON metadata of the newest checkpoint whose metadata reads (no arrays), or None."""
+  """The JSON metadata of the newest checkpoint whose metadata reads (no arrays), or None.
+
+  Raises:
+    CheckpointReadError: a read failed for a reason other than corruption
+      (``environment_cause``); a corrupt checkpoint's metadata is skipped.
+  """
   for step in sorted(manager.all_steps(), reverse=True):
     try:
       return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-    except Exception:  # noqa: BLE001 - a corrupted checkpoint: look at the previous one
+    except Exception as e:  # noqa: BLE001 - classified: corrupt ones are skipped
+      cause = environment_cause(e) or storage_problem(epath.Path(manager.directory), step)
+      if cause:
+        raise CheckpointReadError(
+            f"cannot read the metadata of the checkpoint at step {step} in "
+            f"{manager.directory} ({cause}; {type(e).__name__}: {str(e)[:300]}). Nothing was "
+            "moved: fix the cause and rerun.") from e
       continue
   return None
 
