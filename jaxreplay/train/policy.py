@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+import jax
 import numpy as np
 from tokenizers import Tokenizer
 
 from jaxreplay.models.hf_tokenizer import HFTokenizer
 from jaxreplay.models.tokenizer import decode_completions, encode_prompts, special_ids
+from jaxreplay.sampling import generate
 from jaxreplay.tasks.base import Example
 from jaxreplay.tasks.scoring import score_in_process
 
@@ -120,3 +122,41 @@ def score(task, texts: Sequence[str], examples: Sequence[Example],
   if scorer is not None:
     return scorer(texts, examples)
   return score_in_process(task.reward, texts, examples, timeout_s)
+
+
+def sample_completions(graphdef, params, io: TextIO, task, examples: Sequence[Example],
+                       key: jax.Array, *, max_new_tokens: int, temperature: float,
+                       samples_per_example: int = 1, top_k: int = 0, top_p: float = 1.0,
+                       timeout_s: float | None = None) -> tuple[list[list[str]], np.ndarray]:
+  """What a policy answers: completions for a few examples, decoded and scored.
+
+  One ``sampling.generate`` call over the E · S rows (each example repeated S times), so
+  a different number of rows compiles again; for looking at a policy, not for evaluation
+  at scale (``train.evaluate`` chunks its rows).
+
+  Args:
+    graphdef, params: the policy. io: ``TextIO`` (the run's ``Run.io``). task: gives
+      ``reward``. examples: E >= 1 examples. key: PRNG key of the draw.
+    max_new_tokens: M. temperature: >= 0 (0 is greedy). samples_per_example: S >= 1.
+    top_k, top_p: truncation, as the sampler's. timeout_s: per-reward limit (``score``).
+
+  Returns:
+    (texts: E lists of S completion strings; rewards: [E, S] float32, a reward that
+     fails counting 0).
+
+  Raises:
+    ValueError: no examples or S < 1; ``generate``'s errors for bad sampling settings.
+  """
+  if not examples or samples_per_example < 1:
+    raise ValueError(f"need >= 1 example and samples_per_example >= 1; got {len(examples)} "
+                     f"and {samples_per_example}")
+  rows = [e for e in examples for _ in range(samples_per_example)]
+  tokens, mask, _ = io.prompts(rows)
+  g = generate(graphdef, params, tokens, mask, key, max_new_tokens=max_new_tokens,
+               temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=io.eos_ids,
+               pad_id=io.pad_id)
+  texts = io.decode(g.tokens, g.mask)
+  rewards, _ = score(task, texts, rows, timeout_s)
+  s = samples_per_example
+  return ([texts[i * s:(i + 1) * s] for i in range(len(examples))],
+          rewards.reshape(len(examples), s))
