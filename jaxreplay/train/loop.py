@@ -12,8 +12,7 @@ import json
 import os
 import time
 
-import jax
-
+from jaxreplay.parallel import multihost
 from jaxreplay.train import accounting
 from jaxreplay.train import checkpoint as ckpt_lib
 from jaxreplay.train.actor_learner import train_async
@@ -44,6 +43,31 @@ def run(cfg, log=print) -> dict:
   return finish(job, carry)
 
 
+def restore(cfg, log=print) -> tuple[Run, Carry]:
+  """The job's set-up and its latest checkpoint, without training: to inspect a run.
+
+  ``build`` then ``resume``, the metric writer closed again (nothing is appended to the
+  run's metrics). Like ``run`` it rewrites ``config.json`` and lets the checkpoint manager
+  clear unfinished saves: not for a workdir that a live run is writing.
+
+  Args:
+    cfg: the run's config (the one it was trained with; ``train.steps`` may differ).
+    log: message sink.
+
+  Returns:
+    (run, carry): ``carry.step`` is the checkpoint's step (0 and the starting policy when
+    the workdir holds none), ``carry.state.params`` the policy at that step,
+    ``carry.buffer`` the replay buffer, ``carry.ledger`` the counters.
+
+  Raises:
+    jaxreplay.config.ConfigError: an invalid config, or a workdir holding a checkpoint of
+      a run with other settings.
+  """
+  job, carry = build(cfg, log)
+  job.writer.close()
+  return job, resume(job, carry)
+
+
 def finish(job: Run, carry: Carry) -> dict:
   """Waits for the checkpoint writes, closes the writer and writes ``summary.json``.
 
@@ -61,7 +85,7 @@ def finish(job: Run, carry: Carry) -> dict:
   job.writer.close()
   before, final, counts = carry.eval_before, carry.last_eval, carry.ledger.as_dict()
   timers = carry.timers.as_dict()
-  unused = jax.device_get(accounting.unused_in_buffer(carry.buffer))
+  unused = multihost.to_host(accounting.unused_in_buffer(carry.buffer))
   ledger = {**counts, "unused_in_buffer_rollouts": int(unused[0]),
             "unused_in_buffer_tokens": int(unused[1]), **accounting.summarize(counts, timers)}
   best = carry.best
@@ -78,5 +102,6 @@ def finish(job: Run, carry: Carry) -> dict:
                           {"step": best[0], "eval/acc_sampled": best[1],
                            "path": os.path.join(job.workdir, "checkpoints_best", str(best[0]))}),
   }
-  ckpt_lib.write_atomic(os.path.join(job.workdir, "summary.json"), json.dumps(summary, indent=2))
+  if multihost.is_primary():  # one writer per job
+    ckpt_lib.write_atomic(os.path.join(job.workdir, "summary.json"), json.dumps(summary, indent=2))
   return summary
