@@ -117,4 +117,15 @@ def get_config():
   # capacity axis split over data×fsdp / data; parameters by parallel.sharding.PARAM_RULES.
   c.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.log = config_dict.ConfigDict(dict(progress=True, tensorboard=True))
+  # Multi-process jobs (TPU pods, GPU nodes under SLURM, local processes): with
+  # initialize=True the entry point calls jax.distributed.initialize with these fields;
+  # the unset ones JAX detects from the environment (TPU metadata, SLURM_* variables).
+  # Every process runs the same command; process 0 writes the run files. See launch/.
+  c.distributed = config_dict.ConfigDict(dict(
+      initialize=False,
+      coordinator_address="",  # "host:port" of process 0; "" = detect
+      num_processes=config_dict.placeholder(int),  # unset = detect
+      process_id=config_dict.placeholder(int),  # unset = detect
+      local_device_ids="",  # e.g. "0,1" (devices of this process); "" = all local devices
+  ))
   return c

@@ -120,6 +120,79 @@ def mesh_shape(cfg, device_count: int | None = None) -> tuple[int, int, int]:
   return tuple(sizes)
 
 
+def distributed_settings(cfg) -> dict | None:
+  """The ``jax.distributed.initialize`` arguments of ``cfg.distributed``, checked; None when
+  ``distributed.initialize`` is False (or the section is absent): a one-process job.
+
+  Fields left empty (``coordinator_address=""``, ``num_processes`` / ``process_id`` unset,
+  ``local_device_ids=""``) are passed as None, so JAX detects them from the environment
+  (TPU VM metadata, SLURM, Open MPI). Reads no JAX state: call it before JAX starts.
+
+  Returns:
+    {"coordinator_address": str | None, "num_processes": int | None,
+     "process_id": int | None, "local_device_ids": tuple[int, ...] | None}, or None.
+
+  Raises:
+    ConfigError: ``initialize`` not a bool; an address not of the form ``host:port``; a
+      process count < 1; a process id outside [0, num_processes) or given without the
+      count; device ids that are not comma-separated non-negative ints.
+  """
+  d = cfg.get("distributed")
+  if d is None:
+    return None
+  if not isinstance(d.get("initialize", False), bool):
+    _fail("distributed.initialize", d.initialize, "must be True or False")
+  if not d.get("initialize", False):
+    return None
+  addr = d.get("coordinator_address") or ""
+  if addr:
+    host, _, port = str(addr).rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+      _fail("distributed.coordinator_address", addr,
+            "must be 'host:port' (port 1..65535), or '' to let JAX detect it")
+  n, pid = d.get("num_processes"), d.get("process_id")
+  if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+    _fail("distributed.num_processes", n, "must be an int >= 1, or unset to let JAX detect it")
+  if pid is not None:
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
+      _fail("distributed.process_id", pid, "must be an int >= 0, or unset to let JAX detect it")
+    if n is None:
+      _fail("distributed.process_id", pid, "needs distributed.num_processes as well")
+    if pid >= n:
+      _fail("distributed.process_id", pid, f"must be < distributed.num_processes={n}")
+  if (n is not None and n > 1 or pid is not None) and not addr:
+    _fail("distributed.coordinator_address", addr,
+          "must be set when num_processes / process_id are given (JAX detects all three "
+          "together or none)")
+  ids_text = str(d.get("local_device_ids") or "").strip()
+  ids = None
+  if ids_text:
+    parts = [x.strip() for x in ids_text.split(",")]
+    if not all(x.isdigit() for x in parts):
+      _fail("distributed.local_device_ids", ids_text,
+            "must be comma-separated device ids such as '0,1', or '' for all local devices")
+    ids = tuple(int(x) for x in parts)
+  return {"coordinator_address": addr or None, "num_processes": n, "process_id": pid,
+          "local_device_ids": ids}
+
+
+def _check_multiprocess(cfg, process_count: int, device_count: int) -> None:
+  """What a job of several processes needs: a mesh over every device (each process must
+  own part of it), and a strategy whose collectives run in the same order everywhere
+  (``async`` interleaves a generator thread with the learner by timing)."""
+  if process_count <= 1:
+    return
+  if cfg.train.mode == "async":
+    _fail("train.mode", "async", f"is one-process only ({process_count} processes here): "
+          "its generator thread interleaves with the learner by timing, which differs between "
+          "processes; use 'sync' or 'simulated_async'")
+  sizes = [cfg.mesh[f] for f in MESH_FIELDS]
+  if -1 not in sizes and sizes[0] * sizes[1] * sizes[2] != device_count:
+    _fail("mesh", dict(zip(MESH_FIELDS, sizes)),
+          f"must use all {device_count} devices of the {process_count} processes (or set one "
+          "size to -1)")
+
+
 def policy_lag(cfg) -> int:
   """Policy versions between the learner and the generating policy in the lagged modes:
   0 for ``sync``, ``train.lag`` for ``simulated_async`` (``async``: 0, its lag is timing)."""
@@ -169,7 +242,7 @@ def _check_eligible_supply(cfg) -> None:
           f"train.batch_size={b}: raise it or lower the batch size")
 
 
-def validate(cfg, device_count: int | None = None) -> None:
+def validate(cfg, device_count: int | None = None, process_count: int | None = None) -> None:
   """Checks every field the run uses; raises ``ConfigError`` naming the first bad one.
 
   The ``algo`` section validates itself (``AlgoSpec``); its errors are raised here as
@@ -179,6 +252,8 @@ def validate(cfg, device_count: int | None = None) -> None:
   Args:
     cfg: the config tree. device_count: devices the mesh is built on (default
       ``jax.device_count()``); the batch sizes and the buffer must split over the mesh.
+    process_count: processes of the job (default ``jax.process_count()``); with more than
+      one the mesh must span every device and ``train.mode`` may not be ``async``.
 
   Raises:
     ConfigError: a value out of range or not among the valid choices.
@@ -275,7 +350,13 @@ def validate(cfg, device_count: int | None = None) -> None:
   if cfg.checkpoint.max_to_keep < 1:
     _fail("checkpoint.max_to_keep", cfg.checkpoint.max_to_keep, "must be >= 1")
   _check_eligible_supply(cfg)
+  distributed_settings(cfg)
   data, fsdp, tensor = mesh_shape(cfg, device_count)
+  if process_count is None or device_count is None:
+    import jax
+    process_count = jax.process_count() if process_count is None else process_count
+    device_count = jax.device_count() if device_count is None else device_count
+  _check_multiprocess(cfg, process_count, device_count)
   shards = data * fsdp
   for f in ("train.batch_size", "rollout.per_step", "buffer.capacity"):
     sec, name = f.split(".")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -16,11 +14,7 @@ def main(argv) -> None:
   """Runs the configured job and prints its summary; a bad config exits with one line."""
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
-  if os.environ.get("JAXREPLAY_DISTRIBUTED"):  # multi-host pods (launch/tpu_pod.sh)
-    import jax
-    jax.distributed.initialize()
-  from jaxreplay.config import ConfigError
-  from jaxreplay.train.loop import run  # after flag parsing: keeps --help fast
+  from jaxreplay.config import ConfigError, distributed_settings
   try:
     cfg = _CONFIG.value  # the config file is loaded lazily: touch it here
     cfg["seed"]
@@ -28,9 +22,23 @@ def main(argv) -> None:
     msg = " ".join(str(e).split())
     raise SystemExit(f"jaxreplay: cannot load --config: {msg}") from None
   try:
+    settings = distributed_settings(cfg)
+  except ConfigError as e:
+    raise SystemExit(f"jaxreplay: {e}") from None
+  if settings is not None:  # before any other JAX call (launch/: TPU pods, SLURM, local)
+    from jaxreplay.parallel import multihost
+    multihost.initialize(**settings)
+  from jaxreplay.train.checkpoint import CheckpointReadError
+  from jaxreplay.train.loop import run  # after flag parsing: keeps --help fast
+  try:
     s = run(cfg)
   except ConfigError as e:  # a bad config fails before any compute, without a traceback
     raise SystemExit(f"jaxreplay: {e}") from None
+  except CheckpointReadError as e:  # the machine or the storage failed: nothing was moved
+    raise SystemExit(f"jaxreplay: {e}") from None
+  import jax
+  if jax.process_index() != 0:  # process 0 reports for the job
+    return
   print("\n=== jaxreplay summary ===")
   print(f"held-out accuracy, sampled at T={cfg.sampler.temperature}: "
         f"{s['acc_sampled_before']:.3f} -> {s['acc_sampled_after']:.3f}")

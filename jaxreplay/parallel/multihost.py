@@ -92,13 +92,16 @@ def to_global(x: Any, sharding: jax.sharding.Sharding) -> jax.Array:
 
   Args:
     x: a NumPy array, a Python scalar, or a fully addressable ``jax.Array`` (a typed PRNG
-      key array goes through its ``key_data``). sharding: the target sharding.
+      key array goes through its ``key_data``); an array that already spans processes is
+      resharded (a jitted identity). sharding: the target sharding.
 
   Returns:
     ``jax.Array`` of ``x``'s shape and dtype laid out by ``sharding``.
   """
   if sharding.is_fully_addressable:
     return jax.device_put(x, sharding)
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:  # already global: reshard
+    return x if x.sharding == sharding else jax.jit(lambda a: a, out_shardings=sharding)(x)
   if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
     impl = jax.random.key_impl(x)
     data = to_global(jax.random.key_data(x), sharding)

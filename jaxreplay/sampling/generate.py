@@ -33,11 +33,13 @@ from typing import Sequence
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxreplay.models.logit_processing import process_logits
 from jaxreplay.models.transformer import KVCache, init_cache, positions_from_mask
+from jaxreplay.parallel import multihost
 from jaxreplay.parallel.sharding import BATCH_AXES, PARAM_RULES, batch_sharding, fit_spec, shard_params
 
 
@@ -195,6 +197,12 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_toke
                     full_logprobs=jnp.where(mask, flps, 0.0))
 
 
+def _host_or_array(x, dtype):
+  """``x`` in ``dtype``: a NumPy array stays on the host (placed per process by the caller),
+  a ``jax.Array`` stays where it is."""
+  return x.astype(dtype) if isinstance(x, jax.Array) else np.asarray(x, dtype)
+
+
 def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
              prompt_mask: jax.Array, key: jax.Array, *, max_new_tokens: int,
              temperature: float, eos_ids: Sequence[int], pad_id: int, top_k: int = 0,
@@ -233,13 +241,15 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array
     raise ValueError(f"sampler.max_new_tokens={max_new_tokens} must be >= 1")
   if top_k < 0 or not 0.0 <= top_p <= 1.0:
     raise ValueError(f"sampler.top_k={top_k} must be >= 0 and sampler.top_p={top_p} in [0, 1]")
-  prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
-  prompt_mask = jnp.asarray(prompt_mask, bool)
   if mesh is not None:
     params = shard_params(params, mesh, rules)
     sh = batch_sharding(mesh, 2, prompt_tokens.shape[0])
-    prompt_tokens, prompt_mask = jax.device_put((prompt_tokens, prompt_mask), sh)
-    key = jax.device_put(key, NamedSharding(mesh, P()))
+    # Each process places only its own devices' rows (the same prompts on every process).
+    prompt_tokens = multihost.to_global(_host_or_array(prompt_tokens, jnp.int32), sh)
+    prompt_mask = multihost.to_global(_host_or_array(prompt_mask, bool), sh)
+    key = multihost.to_global(key, NamedSharding(mesh, P()))
+  prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
+  prompt_mask = jnp.asarray(prompt_mask, bool)
   return _generate(graphdef, params, prompt_tokens, prompt_mask, key,
                    max_new_tokens=max_new_tokens, temperature=float(temperature),
                    eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id), top_k=int(top_k),

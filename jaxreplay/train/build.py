@@ -25,6 +25,7 @@ from jaxreplay import config as config_lib
 from jaxreplay import replay
 from jaxreplay.models import hf as hf_models
 from jaxreplay.models.tokenizer import load_or_train_tokenizer
+from jaxreplay.parallel import multihost
 from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.replay import rate_limiter as rate_lib
 from jaxreplay.rl.train_step import init_train_state, make_optimizer, make_train_step
@@ -97,7 +98,7 @@ class Run:
     return self.cfg.train.mode == "async"
 
 
-def load_policy(cfg, task, log=print):
+def load_policy(cfg, task, log=print, mesh=None):
   """The starting policy and its text I/O, by ``model.source``.
 
   ``builtin``: the byte-level BPE tokenizer and the small decoder of ``cfg.model``,
@@ -105,6 +106,10 @@ def load_policy(cfg, task, log=print):
   checkpoint directory ``model.path`` (``config.json``, safetensors, ``tokenizer.json``),
   loaded as is in ``model.dtype`` / ``model.param_dtype``; prompts go through its chat
   template when ``task.chat_template``.
+
+  With ``mesh`` the parameters are created in their ``parallel.PARAM_RULES`` layout on it:
+  each process reads only the safetensors slices (or the Orbax shards of the cached base
+  policy) of its own devices, and no device ever holds a whole unsharded copy.
 
   Returns:
     (io: TextIO, graphdef, params: nnx.State, info dict with at least ``path``).
@@ -117,7 +122,8 @@ def load_policy(cfg, task, log=print):
     io = HFTextIO.from_pretrained(cfg.model.path, cfg.task.prompt_width, cfg.task.on_too_long,
                                   chat=cfg.task.chat_template,
                                   system_prompt=cfg.task.system_prompt)
-    _, graphdef, params = hf_models.from_pretrained(cfg.model.path, dtype=cfg.model.dtype,
+    _, graphdef, params = hf_models.from_pretrained(cfg.model.path, mesh=mesh,
+                                                    dtype=cfg.model.dtype,
                                                     param_dtype=cfg.model.param_dtype)
     log(f"loaded {cfg.model.path}")
     return io, graphdef, params, {"path": os.path.abspath(cfg.model.path), "cached": True}
@@ -126,7 +132,7 @@ def load_policy(cfg, task, log=print):
                                 [e.prompt + " " + e.answer for e in task.train],
                                 cfg.model.vocab_size)
   io = TextIO.create(tok, cfg.task.prompt_width, cfg.task.on_too_long)
-  graphdef, params, info = load_or_train_base_policy(cfg, io, task, log)
+  graphdef, params, info = load_or_train_base_policy(cfg, io, task, log, mesh=mesh)
   return io, graphdef, params, info
 
 
@@ -166,18 +172,22 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
     task = make_task(cfg.task)
   except (ValueError, FileNotFoundError) as e:
     raise config_lib.ConfigError(str(e)) from None
-  workdir = os.path.abspath(cfg.workdir)
-  os.makedirs(workdir, exist_ok=True)
-  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), cfg.checkpoint.max_to_keep)
+  # epath: a gs:// (or other URL) workdir stays a URL; a local relative one becomes absolute.
+  workdir = ckpt_lib.run_path(cfg.workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  manager = ckpt_lib.make_manager(workdir / "checkpoints", cfg.checkpoint.max_to_keep)
   # The best held-out accuracy's train state, besides the last max_to_keep; resume uses
   # the latest (``manager``), never this one.
-  best_manager = (ckpt_lib.make_best_manager(os.path.join(workdir, "checkpoints_best"))
+  best_manager = (ckpt_lib.make_best_manager(workdir / "checkpoints_best")
                   if cfg.checkpoint.keep_best else None)
+  workdir = str(workdir)
   _check_resumable(manager, cfg, workdir)
-  ckpt_lib.write_atomic(os.path.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2))
+  if multihost.is_primary():  # one writer per job; Orbax coordinates the checkpoints
+    ckpt_lib.write_atomic(os.path.join(workdir, "config.json"),
+                          cfg.to_json_best_effort(indent=2))
 
   # --- task, tokenizer, starting policy --------------------------------------------------
-  io, graphdef, params, base_info = load_policy(cfg, task, log)
+  io, graphdef, params, base_info = load_policy(cfg, task, log, mesh=mesh)
   m = cfg.sampler.max_new_tokens
   evaluate_fn = functools.partial(evaluate, graphdef, io=io, task=task,
                                   examples=task.heldout[:cfg.eval.num_examples],
@@ -185,22 +195,27 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
                                   temperature=cfg.eval.get("temperature") or cfg.sampler.temperature,
                                   samples_per_example=cfg.eval.samples_per_example,
                                   correct_threshold=cfg.buffer.correct_threshold,
-                                  top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p)
+                                  top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p,
+                                  mesh=mesh)
 
-  # --- learner and buffer, placed on the mesh --------------------------------------------
+  # --- learner and buffer, created on the mesh -------------------------------------------
   # Parameters and optimizer state by PARAM_RULES, the buffer's capacity axis over "data",
   # the RNG key replicated; restores go into these layouts (any saved mesh restores).
+  # Each is computed by a jit whose out_shardings are these layouts, so every device
+  # allocates only its block (the loaded parameters are donated into the train state;
+  # the frozen KL reference exists only when ``algo`` uses one).
+  cost = accounting.ModelCost.from_params(params, nnx.merge(graphdef, params).cfg)
   optimizer = make_optimizer(cfg.algo, cfg.train.steps)
-  state = init_train_state(graphdef, params, optimizer, cfg.algo)
-  state_sh = sharding_lib.param_shardings(state, mesh)
-  state = jax.device_put(state, state_sh)
+  init_state = lambda p: init_train_state(graphdef, p, optimizer, cfg.algo)
+  state_sh = sharding_lib.param_shardings(jax.eval_shape(init_state, params), mesh)
+  state = jax.jit(init_state, out_shardings=state_sh, donate_argnums=0)(params)
+  params = state.params
   sampler_cfg = replay.from_config(cfg.buffer)
   b = cfg.train.batch_size
-  buffer = replay.init(empty_rollout(1, cfg.task.prompt_width + m), cfg.buffer.capacity,
-                       evicts=sampler_cfg.evicts)
-  buffer_sh = replay.state_sharding(buffer, mesh, "data")
-  buffer = jax.device_put(buffer, buffer_sh)
-  cost = accounting.ModelCost.from_params(params, nnx.merge(graphdef, params).cfg)
+  init_buffer = lambda: replay.init(empty_rollout(1, cfg.task.prompt_width + m),
+                                    cfg.buffer.capacity, evicts=sampler_cfg.evicts)
+  buffer_sh = replay.state_sharding(jax.eval_shape(init_buffer), mesh, "data")
+  buffer = jax.jit(init_buffer, out_shardings=buffer_sh)()
   train_step = make_train_step(graphdef, optimizer, cfg.algo, cfg.sampler.temperature,
                                cfg.sampler.top_k, cfg.sampler.top_p)
   learner_step = make_learner_step(train_step, b, sampler_cfg, cost=cost,
@@ -217,15 +232,18 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
             graphdef=graphdef, base_info=base_info, mesh=mesh, cost=cost, lag=lag,
             stream=PromptStream(task.train, seed=cfg.seed), evaluate=evaluate_fn,
             insert=make_inserter(cfg.rollout.per_step, buffer_sh), learner_step=learner_step,
-            ready=lambda buffer, version: bool(ready(buffer, version)),
+            ready=lambda buffer, version: bool(multihost.to_host(ready(buffer, version))),
             drift=drift_fn, limiter=rate_lib.RateLimiter(**config_lib.rate_limiter_settings(cfg)),
             replicated=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
             manager=manager, best_manager=best_manager,
-            writer=MetricWriter(workdir, cfg.log.tensorboard))
+            writer=MetricWriter(workdir, cfg.log.tensorboard, primary=multihost.is_primary()))
   waits = dict(learner_wait_s=0.0, generator_wait_s=0.0) if run.is_async else {}
+  # The parameter ring of simulated_async: ``lag`` copies in the parameters' own layout.
   carry = Carry(state=state, buffer=buffer,
                 ring=tuple(jax.tree.map(jnp.copy, params) for _ in range(lag)),
-                limiter_state=rate_lib.init(), key=jax.random.key(cfg.seed), ledger=Ledger(),
+                limiter_state=rate_lib.init(),
+                key=multihost.to_global(jax.random.key(cfg.seed), run.replicated),
+                ledger=Ledger(),
                 timers=Timers(**waits), position=0, step=0,
                 best=ckpt_lib.best_so_far(best_manager) if best_manager is not None else None)
   return run, carry

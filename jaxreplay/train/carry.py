@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 
+from jaxreplay.parallel import multihost
 from jaxreplay.train import checkpoint as ckpt_lib
 from jaxreplay.train.ledger import Ledger, Timers
 
@@ -80,7 +81,7 @@ def checkpoint_tree(run, carry: Carry) -> dict:
   """The arrays a checkpoint holds: train state, buffer, RNG key data (replicated), the
   parameter ring when the lagged strategy has one, the limiter's counters in ``async``."""
   tree = {"train": carry.state, "buffer": carry.buffer,
-          "rng": jax.device_put(jax.random.key_data(carry.key), run.replicated)}
+          "rng": multihost.to_global(jax.random.key_data(carry.key), run.replicated)}
   if carry.ring:
     tree["snapshots"] = list(carry.ring)
   if run.is_async:

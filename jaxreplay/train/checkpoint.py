@@ -358,9 +358,9 @@ def read_meta(manager: ocp.CheckpointManager) -> dict | None:
 # Config fields that may change between a run and its resumption: extending the run
 # (train.steps), where it logs, how often it evaluates/saves/monitors drift (not what an
 # evaluation measures: before and after must stay comparable), the device mesh (a checkpoint
-# restores onto any mesh), and where caches live.
+# restores onto any mesh), how the processes of a job find each other, and where caches live.
 RESUMABLE_PREFIXES = ("train.steps", "workdir", "log.", "eval.every", "checkpoint.", "mesh.",
-                      "drift.", "warmstart.cache_dir")
+                      "drift.", "warmstart.cache_dir", "distributed.")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

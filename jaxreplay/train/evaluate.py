@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxreplay.parallel import multihost
 from jaxreplay.rl.scoring import token_logprobs
 from jaxreplay.sampling import generate
 from jaxreplay.tasks.base import Example
@@ -60,7 +61,7 @@ def _entropy_sum(graphdef, params, prompt_tokens, prompt_mask, tokens, mask, *, 
 def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], key: jax.Array,
              max_new_tokens: int, temperature: float, samples_per_example: int,
              chunk: int = 1024, correct_threshold: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0) -> dict[str, float]:
+             top_p: float = 1.0, mesh=None) -> dict[str, float]:
   """Held-out accuracy: greedy (temperature 0) and sampled at ``temperature``, with pass@k.
 
   Rewards go through ``policy.score``: the task's scorer, with the same timeout and worker
@@ -80,6 +81,9 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
     correct_threshold: reward at or above which a completion counts as correct.
     top_k, top_p: the sampled pass's truncation (the sampler's ``sampler.top_k/top_p``;
       the fresh-sample entropy is that of the truncated distribution).
+    mesh: optional mesh: each chunk's rows split over its ``data × fsdp`` axes
+      (``sampling.generate``); the completions are gathered to every process
+      (``parallel.multihost.to_host``), which all score them alike.
 
   Returns:
     {"acc_greedy", "acc_sampled" (= mean reward of the sampled pass), "len_sampled"
@@ -100,16 +104,17 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
       k, sub = jax.random.split(k)
       g = generate(graphdef, params, toks, mask, sub, max_new_tokens=max_new_tokens,
                    temperature=temp, top_k=tk, top_p=tp, eos_ids=io.eos_ids,
-                   pad_id=io.pad_id)
-      r, f = score(task, io.decode(g.tokens[:n], g.mask[:n]), part[:n])
+                   pad_id=io.pad_id, mesh=mesh)
+      out = multihost.to_host({"tokens": g.tokens, "mask": g.mask, "length": g.length})
+      r, f = score(task, io.decode(out["tokens"][:n], out["mask"][:n]), part[:n])
       failures[0] += f
       rewards.append(r)
-      lengths.append(np.asarray(g.length[:n]))
+      lengths.append(out["length"][:n])
       if with_entropy:
-        keep = jnp.arange(len(part)) < n  # padding rows of the last chunk do not count
-        e_sum, e_cnt = _entropy_sum(graphdef, params, jnp.asarray(toks), jnp.asarray(mask),
-                                    g.tokens, g.mask & keep[:, None], temperature=temp,
-                                    top_k=tk, top_p=tp)
+        keep = np.arange(len(part)) < n  # padding rows of the last chunk do not count
+        e_sum, e_cnt = multihost.to_host(_entropy_sum(
+            graphdef, params, jnp.asarray(toks), jnp.asarray(mask), g.tokens,
+            g.mask & keep[:, None], temperature=temp, top_k=tk, top_p=tp))
         ent[0] += float(e_sum)
         ent[1] += int(e_cnt)
     return np.concatenate(rewards), np.concatenate(lengths), ent[0] / max(ent[1], 1)

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxreplay.parallel import multihost
+from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.rl.advantages import compute_advantages
 from jaxreplay.rl.losses import kl_penalised_rewards
 from jaxreplay.rl.scoring import token_logprobs
@@ -64,6 +66,15 @@ def kl_reward_penalty(graphdef, ref_params, rollout: Rollout, *, temperature: fl
                                temperature, top_k, top_p)
   return kl_penalised_rewards(rollout.rewards, rollout.behaviour_logprobs, ref_logp,
                               rollout.completion_mask, beta, estimator)
+
+
+def _place(tree, mesh):
+  """Host arrays of R rows as device arrays: without a mesh on the default device, with
+  one split over its ``data × fsdp`` axes, each process placing only its devices' rows."""
+  if mesh is None:
+    return jax.tree.map(jnp.asarray, tree)
+  return jax.tree.map(lambda x: multihost.to_global(
+      x, sharding_lib.batch_sharding(mesh, x.ndim, x.shape[0])), tree)
 
 
 def _fitting_prompts(io, stream, position: int, p: int) -> tuple[list, int, int]:
@@ -116,30 +127,35 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, position: int, ke
                  temperature=cfg.sampler.temperature, top_k=cfg.sampler.top_k,
                  top_p=cfg.sampler.top_p, eos_ids=io.eos_ids, pad_id=io.pad_id,
                  mesh=mesh)
+  # Every process reads the whole generation (gathered across processes), so each decodes,
+  # scores and groups the same R rollouts; placement below gives each device its rows.
+  out = multihost.to_host({"tokens": gen.tokens, "mask": gen.mask, "logprobs": gen.logprobs,
+                           "length": gen.length, "truncated": gen.truncated})
   rep = [e for e in examples for _ in range(g)]
-  rewards, failures = score(task, io.decode(gen.tokens, gen.mask), rep,
+  rewards, failures = score(task, io.decode(out["tokens"], out["mask"]), rep,
                             cfg.task.reward_timeout_s or None)
   n = p * g
   zeros = np.zeros_like(mask)
-  rollout = Rollout(
-      tokens=jnp.concatenate([toks, gen.tokens], 1),
-      attention_mask=jnp.concatenate([mask, gen.mask], 1),
-      completion_mask=jnp.concatenate([zeros, gen.mask], 1),
-      behaviour_logprobs=jnp.concatenate([np.zeros(mask.shape, np.float32), gen.logprobs], 1),
-      rewards=jnp.asarray(rewards), advantages=jnp.zeros((n,), jnp.float32),
-      group_id=jnp.asarray(np.repeat(np.arange(first_group, first_group + p), g), jnp.int32),
-      policy_version=jnp.full((n,), version, jnp.int32), truncated=gen.truncated)
+  host = Rollout(
+      tokens=np.concatenate([toks, out["tokens"]], 1).astype(np.int32),
+      attention_mask=np.concatenate([mask, out["mask"]], 1),
+      completion_mask=np.concatenate([zeros, out["mask"]], 1),
+      behaviour_logprobs=np.concatenate([np.zeros(mask.shape, np.float32), out["logprobs"]], 1),
+      rewards=np.asarray(rewards, np.float32), advantages=np.zeros((n,), np.float32),
+      group_id=np.repeat(np.arange(first_group, first_group + p), g).astype(np.int32),
+      policy_version=np.full((n,), version, np.int32), truncated=np.asarray(out["truncated"]))
+  rollout = _place(host, mesh)
   shaped = rewards
   if ref_params is not None and cfg.algo.kl_mode == "reward" and cfg.algo.advantage != "gae":
-    shaped = np.asarray(kl_reward_penalty(
+    shaped = multihost.to_host(kl_reward_penalty(
         graphdef, ref_params, rollout, temperature=cfg.sampler.temperature,
         beta=cfg.algo.kl_coef, estimator=cfg.algo.kl_estimator, top_k=cfg.sampler.top_k,
         top_p=cfg.sampler.top_p))
   r_pg = rewards.reshape(p, g)
   adv = np.asarray(compute_advantages(jnp.asarray(shaped.reshape(p, g)), cfg.algo.advantage))
-  rollout = rollout.replace(advantages=jnp.asarray(adv.reshape(-1), jnp.float32))
-  lengths = np.asarray(gen.length)
-  truncated = np.asarray(gen.truncated)
+  rollout = rollout.replace(advantages=_place(adv.reshape(-1).astype(np.float32), mesh))
+  lengths = np.asarray(out["length"])
+  truncated = np.asarray(out["truncated"])
   spread = r_pg.max(1) > r_pg.min(1)
   flops = 0.0 if cost is None else float(
       accounting.generation_flops(cost, cfg.task.prompt_width, lengths.astype(np.float64)).sum())

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from tqdm import tqdm
 
+from jaxreplay.parallel import multihost
 from jaxreplay.train import generation
 from jaxreplay.train.carry import Carry
 from jaxreplay.train.ledger import Ledger
@@ -81,6 +82,7 @@ def generate_and_insert(run, carry: Carry, step: int, key) -> tuple[Carry, dict]
         key if not rounds else jax.random.fold_in(key, len(rounds)), version,
         carry.state.ref_params, run.cost, run.mesh)
     buffer, lost = run.insert(carry.buffer, rollout, jnp.int32(step))
+    lost = multihost.to_host(lost)
     carry = carry.replace(buffer=buffer, position=produced.position,
                           ledger=carry.ledger + produced.ledger
                           + Ledger(evicted_unused_rollouts=int(lost[0]),
@@ -123,7 +125,7 @@ def train_lagged(run, carry: Carry) -> Carry:
 
     # --- SAMPLE + UPDATE -------------------------------------------------------------------
     state, buffer, metrics = run.learner_step(carry.state, carry.buffer, key_sample)
-    metrics = jax.device_get(metrics)
+    metrics = multihost.to_host(metrics)  # gathered across processes when sharded
     t2 = time.time()
 
     # --- RECORD ----------------------------------------------------------------------------

@@ -7,6 +7,8 @@ import math
 import os
 from typing import Any
 
+from etils import epath
+
 
 def _clean(v: Any):
   try:
@@ -21,22 +23,35 @@ def _clean(v: Any):
 class MetricWriter:
   """Appends per-step metric dicts to JSONL and (optionally) TensorBoard.
 
+  In a multi-process job every process builds one, and only process 0's writes
+  (``primary``); the others' methods do nothing, so each record is written once.
+
   Args:
-    run_dir: directory; creates ``metrics.jsonl`` (appended on resume) and ``tb/``.
+    run_dir: directory (local or an ``etils.epath`` URL); creates ``metrics.jsonl``
+      (appended on resume) and ``tb/``.
     tensorboard: also write TensorBoard scalars via tensorboardX.
+    primary: whether this process writes (default: ``jax.process_index() == 0``).
   """
 
-  def __init__(self, run_dir: str, tensorboard: bool = True):
-    os.makedirs(run_dir, exist_ok=True)
-    self.path = os.path.join(run_dir, "metrics.jsonl")
-    self._f = open(self.path, "a")
-    self._tb = None
+  def __init__(self, run_dir, tensorboard: bool = True, primary: bool | None = None):
+    if primary is None:
+      import jax
+      primary = jax.process_index() == 0
+    self.primary = primary
+    self.path = epath.Path(run_dir) / "metrics.jsonl"
+    self._f = self._tb = None
+    if not primary:
+      return
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    self._f = self.path.open("a")
     if tensorboard:
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+      self._tb = SummaryWriter(str(epath.Path(run_dir) / "tb"))
 
   def write(self, step: int, metrics: dict[str, Any]) -> None:
     """Writes one record ``{"step": step, **metrics}`` (floats; NaN/inf as strings)."""
+    if self._f is None:
+      return
     rec = {"step": int(step), **{k: _clean(v) for k, v in metrics.items()}}
     self._f.write(json.dumps(rec) + "\n")
     self._f.flush()
@@ -46,9 +61,13 @@ class MetricWriter:
           self._tb.add_scalar(k, v, step)
 
   def close(self) -> None:
-    self._f.close()
+    """Closes the files (idempotent)."""
+    if self._f is not None:
+      self._f.close()
+      self._f = None
     if self._tb is not None:
       self._tb.close()
+      self._tb = None
 
 
 def read_metrics(run_dir: str) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from jaxreplay.parallel import multihost
 from jaxreplay.train import accounting
 from jaxreplay.train import carry as carry_lib
 from jaxreplay.train import checkpoint as ckpt_lib
@@ -25,7 +26,7 @@ def learner_ledger(metrics: dict, batch_size: int) -> tuple[Ledger, dict]:
   """Splits a learner step's host metrics into its ``Ledger`` increment and the rest.
 
   Args:
-    metrics: the learner step's metrics after ``jax.device_get`` (numpy scalars).
+    metrics: the learner step's metrics on the host (``multihost.to_host``: numpy scalars).
     batch_size: B, samples trained on per step.
 
   Returns:
@@ -77,7 +78,8 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
   derived = accounting.summarize(counts, timers.as_dict())
   record = {**gen_metrics, **{k: float(v) for k, v in metrics.items()}, **counts, **hists,
             "replay_ratio": ledger.trained_samples / max(ledger.generated_rollouts, 1),
-            "buffer_size": int(carry.buffer.size), **timers.as_dict(), **(extra or {}),
+            "buffer_size": int(multihost.to_host(carry.buffer.size)), **timers.as_dict(),
+            **(extra or {}),
             # deterministic in the lagged strategy; the time-based μ, γ are in the summary
             **{k: v for k, v in derived.items() if k.endswith("_flops")}}
   last_eval, best = carry.last_eval, carry.best
@@ -90,7 +92,7 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
     if run.best_manager is not None and cfg.checkpoint.every:
       best = ckpt_lib.save_best(run.best_manager, best, done, {"train": carry.state}, last_eval)
   if run.drift is not None and done % cfg.drift.every == 0:
-    record.update({k: float(v) for k, v in jax.device_get(run.drift(
+    record.update({k: float(v) for k, v in multihost.to_host(run.drift(
         carry.state.params, carry.buffer, jax.random.fold_in(carry_lib.drift_key(carry), done),
         jnp.int32(done))).items()})
   run.writer.write(done, record)

@@ -23,6 +23,8 @@ from flax import nnx
 
 from jaxreplay.models import Transformer, TransformerConfig
 from jaxreplay.models.tokenizer import encode_answers
+from jaxreplay.parallel import multihost
+from jaxreplay.parallel.sharding import param_shardings
 from jaxreplay.rl.scoring import token_logprobs
 from jaxreplay.rl.train_step import scheduled_adamw
 
@@ -116,8 +118,14 @@ def train_base_policy(cfg, io, task, log=print, callback=None):
   return graphdef, params, {"sft_loss": float(loss), "sft_seconds": time.time() - t0}
 
 
-def load_or_train_base_policy(cfg, io, task, log=print):
+def load_or_train_base_policy(cfg, io, task, log=print, mesh=None):
   """The cached base policy for ``cfg`` (Orbax), trained and saved on first use.
+
+  With ``mesh`` the parameters come back laid out by ``parallel.PARAM_RULES`` on it: a
+  cached policy is restored straight into that layout (each process reads only its
+  devices' shards); a fresh one is trained by every process alike (same data, same
+  seed) and then placed. In a multi-process job every process takes part in the Orbax
+  save, and process 0 alone writes ``info.json``, after which all continue.
 
   Returns:
     (graphdef, params, info dict with ``path`` and ``cached``).
@@ -125,6 +133,10 @@ def load_or_train_base_policy(cfg, io, task, log=print):
   path = os.path.abspath(os.path.join(cfg.warmstart.cache_dir, base_policy_key(cfg)))
   mcfg = builtin_model_config(cfg.model)
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, nnx.Rngs(0))), nnx.Param)
+  shardings = None if mesh is None else param_shardings(abstract, mesh)
+  if shardings is not None:
+    abstract = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                            abstract, shardings)
   ckptr = ocp.StandardCheckpointer()
   # info.json is written last (atomically): it marks a complete cache entry; params without
   # it are the leftover of a process killed mid-write and are trained and written again.
@@ -135,11 +147,15 @@ def load_or_train_base_policy(cfg, io, task, log=print):
     log(f"loaded base policy from {path}")
     return graphdef, params, dict(info, path=path, cached=True)
   graphdef, params, info = train_base_policy(cfg, io, task, log)
+  if shardings is not None:
+    params = jax.tree.map(multihost.to_global, params, shardings)
   os.makedirs(path, exist_ok=True)
   ckptr.save(os.path.join(path, "params"), params, force=True)
   ckptr.wait_until_finished()
   from jaxreplay.train.checkpoint import fault_point, write_atomic
   fault_point("kill_during_cache_write")
-  write_atomic(os.path.join(path, "info.json"), json.dumps(info))
+  if multihost.is_primary():
+    write_atomic(os.path.join(path, "info.json"), json.dumps(info))
+  multihost.barrier("jaxreplay_base_policy_saved")
   log(f"saved base policy to {path}")
   return graphdef, params, dict(info, path=path, cached=False)
