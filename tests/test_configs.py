@@ -22,6 +22,10 @@ def test_shipped_config_validates(path, tmp_path):
     for f in ("config.json", "tokenizer.json"):
       (tmp_path / f).write_text("{}")
     c.model.path = str(tmp_path)
+  if c.task.source in ("jsonl", "parquet"):  # needs the dataset's files; the samples stand in
+    for field, split in (("train_path", "train"), ("heldout_path", "test")):
+      c.task[field] = os.path.join(ROOT, "data", "samples",
+                                   f"{c.task.format}_{split}.{c.task.source}")
   config_lib.validate(c)
   name = os.path.basename(path)[:-3]
   if name in ("ppo_clip", "tis", "decoupled", "gspo", "asymre", "reinforce"):
