@@ -98,7 +98,10 @@ def get_config():
       gae_gamma=1.0, gae_lambda=0.95, vf_coef=0.5, value_clip=0.2, gae_whiten=True,
       staleness_target="none", staleness_fn="inverse", staleness_rate=0.5,
       staleness_buckets=(0, 1, 2, 4, 8),
-      update_epochs=1, num_minibatches=1,
+      # grad_accum_steps: micro-batches per optimizer step (gradients summed, the same
+      # update in less memory); logprob_chunk: positions per chunk of the learner's
+      # log-softmax over the vocabulary (0 = the whole sequence at once).
+      update_epochs=1, num_minibatches=1, grad_accum_steps=1, logprob_chunk=0,
       lr=1e-4, warmup_steps=10, lr_schedule="cosine", final_lr_fraction=0.1,
       max_grad_norm=1.0, weight_decay=0.0,
       max_consecutive_skips=10,

@@ -290,6 +290,10 @@ def validate(cfg, device_count: int | None = None, process_count: int | None = N
   if cfg.train.batch_size % spec.num_minibatches:
     _fail("algo.num_minibatches", spec.num_minibatches,
           f"must divide train.batch_size={cfg.train.batch_size}")
+  if (cfg.train.batch_size // spec.num_minibatches) % spec.grad_accum_steps:
+    _fail("algo.grad_accum_steps", spec.grad_accum_steps,
+          f"must divide the minibatch train.batch_size / algo.num_minibatches = "
+          f"{cfg.train.batch_size} / {spec.num_minibatches}")
   if cfg.sampler.temperature <= 0:
     _fail("sampler.temperature", cfg.sampler.temperature, "must be > 0 for training rollouts")
   if cfg.model.source not in MODEL_SOURCES:

@@ -388,17 +388,35 @@ class Transformer(nnx.Module):
       self.lm_head = _linear(cfg, cfg.d_model, cfg.vocab_size, False, cfg.d_model ** -0.5, rngs)
 
   def _logits(self, x):
-    x = self.final_norm(x)
+    return self.project_logits(self.final_norm(x))
+
+  def project_logits(self, h: jax.Array) -> jax.Array:
+    """The output head: float32 logits [B, T, V] of final-normed hidden states h [B, T, D].
+
+    Applied to slices of ``hidden`` it computes the logits a chunk at a time (the
+    learner's chunked log-probs, ``jaxreplay.rl.scoring``).
+    """
     if self.cfg.tie_embeddings:
-      w = self.embed.embedding[...].astype(x.dtype)
-      logits = jnp.einsum("btd,vd->btv", x, w, preferred_element_type=jnp.float32)
+      w = self.embed.embedding[...].astype(h.dtype)
+      logits = jnp.einsum("btd,vd->btv", h, w, preferred_element_type=jnp.float32)
       if self.cfg.scale_tied_logits:
         logits = logits * self.cfg.d_model ** -0.5
       return logits.astype(jnp.float32)
-    return self.lm_head(x).astype(jnp.float32)
+    return self.lm_head(h).astype(jnp.float32)
 
   def _embed(self, tokens):
     return self.embed(tokens).astype(self.cfg.dtype)
+
+  def _trunk(self, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+    """The blocks over full sequences: tokens [B, T] int32, mask [B, T] bool -> [B, T, D]."""
+    t = tokens.shape[1]
+    positions = positions_from_mask(mask)
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    attn_mask = causal[None] & mask[:, None, :]
+    x = self._embed(tokens)
+    for blk in self.blocks:
+      x = blk(x, positions, attn_mask)
+    return x
 
   def __call__(self, tokens: jax.Array, mask: jax.Array) -> jax.Array:
     """Logits for every position of full sequences.
@@ -410,14 +428,18 @@ class Transformer(nnx.Module):
     Returns:
       [B, T, V] float32 logits; row t predicts token t+1.
     """
-    t = tokens.shape[1]
-    positions = positions_from_mask(mask)
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    attn_mask = causal[None] & mask[:, None, :]
-    x = self._embed(tokens)
-    for blk in self.blocks:
-      x = blk(x, positions, attn_mask)
-    return self._logits(x)
+    return self._logits(self._trunk(tokens, mask))
+
+  def hidden(self, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+    """Final-normed hidden states: ``project_logits(hidden(tokens, mask))`` is the logits.
+
+    Args:
+      tokens: [B, T] int32. mask: [B, T] bool (as ``__call__``).
+
+    Returns:
+      [B, T, D] in the activation dtype; row t predicts token t+1.
+    """
+    return self.final_norm(self._trunk(tokens, mask))
 
   def step(self, tokens: jax.Array, positions: jax.Array, token_valid: jax.Array,
            cache: KVCache, cache_index: jax.Array, last_only: bool = False

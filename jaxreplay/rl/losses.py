@@ -373,7 +373,8 @@ def loss_mask(completion_mask_bt, truncated_b, mask_truncated: bool) -> jax.Arra
   return completion_mask_bt & ~truncated_b[:, None]
 
 
-def aggregate(loss_bt, mask_bt, mode: str, horizon: int | float = 0) -> jax.Array:
+def aggregate(loss_bt, mask_bt, mode: str, horizon: int | float = 0,
+              normaliser=None) -> jax.Array:
   """Reduces per-token losses to a scalar (CASES.md case 4); batch-size invariant.
 
   Modes (the normaliser always comes from ``mask_bt``, so masked tokens never count):
@@ -386,9 +387,16 @@ def aggregate(loss_bt, mask_bt, mode: str, horizon: int | float = 0) -> jax.Arra
       Liu et al. 2025 §3.1: the max response length).
   A batch with no valid token gives exactly 0.
 
+  With ``normaliser`` (gradient accumulation) the rows are one part of a larger batch:
+  the result is this part's numerator divided by the whole batch's normaliser
+  (``aggregate_normaliser`` of the whole batch's mask), so the parts' results sum to the
+  whole batch's aggregate in every mode.
+
   Args:
     loss_bt: [B, T] float32. mask_bt: [B, T] bool. mode: one of ``AGGREGATIONS``.
     horizon: > 0 for ``seq_mean_token_sum_norm`` (e.g. the max response length).
+    normaliser: None (this batch's own), or a float32 scalar ≥ 0: the normaliser of the
+      batch these rows are part of.
 
   Returns:
     float32 scalar.
@@ -397,8 +405,20 @@ def aggregate(loss_bt, mask_bt, mode: str, horizon: int | float = 0) -> jax.Arra
     ValueError: unknown ``mode``, or ``seq_mean_token_sum_norm`` without a horizon.
   """
   _check(loss_bt, mask_bt)
+  if mode == "seq_mean_token_sum_norm" and (not horizon or horizon <= 0):
+    raise ValueError(f"horizon={horizon!r} must be > 0 for mode='seq_mean_token_sum_norm'")
   m = mask_bt.astype(jnp.float32)
   lm = jnp.where(mask_bt, loss_bt, 0.0)
+  if normaliser is not None:
+    if mode == "seq_mean_token_mean":
+      n_t = m.sum(-1)
+      num = (lm.sum(-1) / jnp.maximum(n_t, 1.0)).sum()  # a row with no token adds 0
+    elif mode in AGGREGATIONS:
+      num = lm.sum()
+    else:
+      raise ValueError(f"mode={mode!r} is not one of {AGGREGATIONS}")
+    out = num / jnp.maximum(jnp.asarray(normaliser, jnp.float32), 1.0)
+    return out / horizon if mode == "seq_mean_token_sum_norm" else out
   if mode == "token_mean":
     return lm.sum() / jnp.maximum(m.sum(), 1.0)
   if mode == "seq_mean_token_mean":
@@ -409,8 +429,6 @@ def aggregate(loss_bt, mask_bt, mode: str, horizon: int | float = 0) -> jax.Arra
   if mode == "seq_mean_token_sum":
     return lm.sum(-1).mean()
   if mode == "seq_mean_token_sum_norm":
-    if not horizon or horizon <= 0:
-      raise ValueError(f"horizon={horizon!r} must be > 0 for mode='seq_mean_token_sum_norm'")
     return lm.sum(-1).mean() / horizon
   raise ValueError(f"mode={mode!r} is not one of {AGGREGATIONS}")
 

@@ -94,7 +94,8 @@ def item_weights(spec: AlgoSpec, weights_b, staleness_b) -> tuple[weights_lib.Tr
 
 def objective(spec: AlgoSpec, logp_bt, entropy_bt, batch: Rollout, weights_b, staleness_b, *,
               adv_bt=None, returns_bt=None, prox_logp_bt=None, ref_logp_bt=None,
-              values_bt=None, start_values_bt=None) -> tuple[jax.Array, dict]:
+              values_bt=None, start_values_bt=None, normaliser=None
+              ) -> tuple[jax.Array, dict]:
   """The full learner loss (module docstring) and its metrics.
 
   Args:
@@ -113,6 +114,10 @@ def objective(spec: AlgoSpec, logp_bt, entropy_bt, batch: Rollout, weights_b, st
     values_bt: [B, T] critic values (differentiable); required for ``gae``.
     start_values_bt: [B, T] critic values at the start of the learner step, the
       value-clip anchor (default sg(values)).
+    normaliser: None, or the float32 ``losses.aggregate_normaliser`` of a larger batch
+      these B rows are a micro-batch of: the loss and ``pg_loss`` are then this part's
+      share of that batch's aggregate (``losses.aggregate``), so the parts' losses and
+      gradients sum to the whole batch's. The token-mean metrics stay this part's.
 
   Returns:
     (float32 scalar loss, dict of float32 scalar metrics: ``diagnostics.step_metrics``
@@ -156,10 +161,10 @@ def objective(spec: AlgoSpec, logp_bt, entropy_bt, batch: Rollout, weights_b, st
     tok = tok + spec.kl_coef * kl_bt
   if spec.entropy_coef:
     tok = tok - spec.entropy_coef * entropy_bt
-  loss = losses.aggregate(w_b[:, None] * tok, mask, spec.aggregation, spec.horizon)
+  loss = losses.aggregate(w_b[:, None] * tok, mask, spec.aggregation, spec.horizon, normaliser)
   if spec.uses_value_head:
     loss = loss + spec.vf_coef * losses.aggregate(w_b[:, None] * v_loss, mask,
-                                                  spec.aggregation, spec.horizon)
+                                                  spec.aggregation, spec.horizon, normaliser)
 
   metrics.update(diagnostics.step_metrics(
       ratio_bt=sg(info.ratio), behaviour_log_ratio_bt=sg(logp_bt) - mu,
@@ -168,7 +173,7 @@ def objective(spec: AlgoSpec, logp_bt, entropy_bt, batch: Rollout, weights_b, st
       edges=spec.staleness_buckets))
   metrics.update(
       pg_loss=losses.aggregate(sg(w_b[:, None] * jnp.where(keep, pg, 0.0)), mask,
-                               spec.aggregation, spec.horizon),
+                               spec.aggregation, spec.horizon, normaliser),
       ratio_masked_frac=losses.masked_mean((~keep).astype(jnp.float32), mask),
       ess_sample_weights=diagnostics.effective_sample_size(w_b, jnp.ones(w_b.shape, bool)),
       staleness_weight_mean=tr.weight.mean(), eps_high_mean=tr.eps_high.mean())

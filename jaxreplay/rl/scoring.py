@@ -4,9 +4,18 @@ The distribution is the sampler's (``models.logit_processing.process_logits``): 
 divided by the temperature, then top-k, then top-p renormalised. For the parameters that
 generated a rollout these log-probs equal the behaviour log-probs ``sampling.generate``
 recorded, so the importance ratio is exactly 1.
+
+With ``chunk > 0`` (``algo.logprob_chunk``) the output head, the log-softmax and the
+entropy run over ``chunk`` sequence positions at a time (``lax.map`` of a
+``jax.checkpoint``-ed function), so the [B, T, V] float32 logits never exist at once:
+the forward pass holds [B, chunk, V] and the backward pass recomputes each chunk's logits
+from the [B, T, D] hidden states. The values are those of the unchunked path (each
+position's logits are the same dot products), the memory ~ B·chunk·V instead of B·T·V.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +31,8 @@ LOGP_FLOOR = -1e4
 
 
 def token_logprobs(graphdef: nnx.GraphDef, params, tokens: jax.Array, attention_mask: jax.Array,
-                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
-                   ) -> tuple[jax.Array, jax.Array]:
+                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                   chunk: int = 0) -> tuple[jax.Array, jax.Array]:
   """Per-token log-probs of ``tokens`` under the policy's sampling distribution, and its entropy.
 
   The distribution is the sampler's (``models.logit_processing.process_logits``): logits
@@ -36,6 +45,8 @@ def token_logprobs(graphdef: nnx.GraphDef, params, tokens: jax.Array, attention_
     tokens: [B, T] int32. attention_mask: [B, T] bool.
     temperature: logits are divided by it (> 0), matching the sampler.
     top_k, top_p: the sampler's truncation (static; 0 and 1 disable it).
+    chunk: ≥ 0, positions per chunk of the vocabulary computations (module docstring);
+      0 = all T at once.
 
   Returns:
     (logp [B, T] float32 with column 0 set to 0 — column t is log π(tokens_t | tokens_<t),
@@ -47,7 +58,66 @@ def token_logprobs(graphdef: nnx.GraphDef, params, tokens: jax.Array, attention_
     ValueError: temperature <= 0, top_k < 0 or top_p outside [0, 1].
   """
   model = nnx.merge(graphdef, params)
+  if chunk:
+    return chunked_scores(model.project_logits, model.hidden(tokens, attention_mask), tokens,
+                          chunk, temperature, top_k, top_p)
   return _scores(model(tokens, attention_mask), tokens, temperature, top_k, top_p)
+
+
+def chunked_scores(project, hidden_btd: jax.Array, tokens: jax.Array, chunk: int,
+                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+                   ) -> tuple[jax.Array, jax.Array]:
+  """Per-token log-probs and entropy from hidden states, ``chunk`` positions at a time.
+
+  Column t + 1 is scored from the logits ``project(hidden[:, t])``; the T − 1 scored
+  positions are padded to a multiple of ``chunk`` (the padding is computed and dropped).
+  Each chunk's function is rematerialised (``jax.checkpoint``), so neither pass keeps
+  more than one chunk's [B, chunk, V] float32 logits.
+
+  Args:
+    project: the output head, [B, c, D] -> [B, c, V] float32 logits
+      (``Transformer.project_logits``).
+    hidden_btd: [B, T, D] final-normed hidden states (``Transformer.hidden``).
+    tokens: [B, T] int32. chunk: > 0 positions per chunk.
+    temperature, top_k, top_p: as ``token_logprobs``.
+
+  Returns:
+    (logp [B, T] float32, entropy [B, T] float32), as ``token_logprobs``.
+
+  Raises:
+    ValueError: chunk ≤ 0; temperature, top_k or top_p invalid.
+  """
+  if chunk <= 0:
+    raise ValueError(f"chunk={chunk} must be > 0")
+  b, t = tokens.shape
+  n = -(-(t - 1) // chunk)
+  pad = n * chunk - (t - 1)
+  h = jnp.pad(hidden_btd[:, :-1], ((0, 0), (0, pad), (0, 0)))
+  nxt = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
+  h = h.reshape(b, n, chunk, h.shape[-1]).swapaxes(0, 1)  # [n, B, c, D]
+  nxt = nxt.reshape(b, n, chunk).swapaxes(0, 1)
+
+  @functools.partial(jax.checkpoint, prevent_cse=False)
+  def one(args):
+    h_c, tok_c = args
+    return _token_scores(project(h_c), tok_c, temperature, top_k, top_p)
+
+  logp, ent = jax.lax.map(one, (h, nxt))  # [n, B, c] each
+  logp = logp.swapaxes(0, 1).reshape(b, -1)[:, :t - 1]
+  ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :t - 1]
+  col0 = jnp.zeros((b, 1), jnp.float32)
+  return jnp.concatenate([col0, logp], 1), jnp.concatenate([col0, ent], 1)
+
+
+def _token_scores(logits_bcv, next_bc, temperature, top_k, top_p):
+  """(logp [B, c], entropy [B, c]) of tokens ``next_bc`` under the processed logits."""
+  logits = process_logits(logits_bcv, temperature, top_k, top_p)
+  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  logp = jnp.take_along_axis(logp_all, next_bc[..., None], axis=-1)[..., 0]
+  logp = jnp.maximum(logp, LOGP_FLOOR)
+  probs = jnp.exp(logp_all)
+  ent = -jnp.sum(probs * jnp.where(probs > 0, logp_all, 0.0), axis=-1)  # 0·(-inf) -> 0
+  return logp, ent
 
 
 def _scores(logits_btv, tokens, temperature, top_k=0, top_p=1.0):
@@ -64,14 +134,15 @@ def _scores(logits_btv, tokens, temperature, top_k=0, top_p=1.0):
 
 def policy_and_values(graphdef: nnx.GraphDef, params, value_params, tokens: jax.Array,
                       attention_mask: jax.Array, temperature: float, top_k: int = 0,
-                      top_p: float = 1.0) -> tuple[jax.Array, jax.Array, jax.Array]:
+                      top_p: float = 1.0, chunk: int = 0
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """``token_logprobs`` and the critic's values from one forward pass of the policy trunk.
 
   Args:
     graphdef, params: the policy (``nnx.split``). value_params: the ``value.ValueHead``
       state (``value.init_value_params``).
     tokens: [B, T] int32. attention_mask: [B, T] bool.
-    temperature, top_k, top_p: as ``token_logprobs``.
+    temperature, top_k, top_p, chunk: as ``token_logprobs``.
 
   Returns:
     (logp [B, T] float32, entropy [B, T] float32 — both as ``token_logprobs`` —,
@@ -82,7 +153,12 @@ def policy_and_values(graphdef: nnx.GraphDef, params, value_params, tokens: jax.
     RuntimeError: the model did not call ``final_norm`` once (``value.forward_with_hidden``).
   """
   model = nnx.merge(graphdef, params)
-  logits, hidden = value.forward_with_hidden(model, tokens, attention_mask)
   head = nnx.merge(value.value_graphdef(), value_params)
+  if chunk:
+    hidden = model.hidden(tokens, attention_mask)
+    logp, ent = chunked_scores(model.project_logits, hidden, tokens, chunk, temperature,
+                               top_k, top_p)
+    return logp, ent, value.token_values(head, hidden)
+  logits, hidden = value.forward_with_hidden(model, tokens, attention_mask)
   logp, ent = _scores(logits, tokens, temperature, top_k, top_p)
   return logp, ent, value.token_values(head, hidden)

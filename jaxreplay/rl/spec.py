@@ -36,7 +36,8 @@ _CHOICES = {"advantage": ESTIMATORS, "loss": LOSSES, "aggregation": AGGREGATIONS
             "kl_estimator": KL_ESTIMATORS, "kl_mode": KL_MODES,
             "staleness_target": STALENESS_TARGETS, "staleness_fn": STALENESS_FNS,
             "lr_schedule": SCHEDULES}
-_INTS = ("update_epochs", "num_minibatches", "warmup_steps", "max_consecutive_skips")
+_INTS = ("update_epochs", "num_minibatches", "grad_accum_steps", "logprob_chunk",
+         "warmup_steps", "max_consecutive_skips")
 _BOOLS = ("mask_truncated", "gae_whiten")
 _NUMBERS = ("eps_low", "eps_high", "horizon", "delta_v", "is_cap", "ratio_mask_c", "kl_coef",
             "entropy_coef", "gae_gamma", "gae_lambda", "vf_coef", "value_clip",
@@ -81,6 +82,13 @@ class AlgoSpec:
     staleness_buckets: lower edges of the staleness buckets of the metrics, strictly
       increasing from 0.
     update_epochs, num_minibatches: ≥ 1; optimizer steps per learner step = their product.
+    grad_accum_steps: ≥ 1 micro-batches per minibatch whose gradients are summed inside
+      the jitted step before one optimizer step; every aggregation divides by the whole
+      minibatch's normaliser, so the gradient equals the unsplit minibatch's (only the
+      activation memory shrinks, by this factor).
+    logprob_chunk: ≥ 0 sequence positions per chunk of the learner's log-prob/entropy over
+      the vocabulary (``scoring``): the [B, T, V] float32 logits never exist at once, only
+      [B, chunk, V], recomputed in the backward pass; 0 = off (the whole [B, T, V]).
     lr: peak learning rate > 0. warmup_steps: ≥ 0 optimizer steps of linear warmup.
     lr_schedule: one of ``SCHEDULES``. final_lr_fraction: ∈ [0, 1], the cosine schedule's
       final lr / lr. max_grad_norm: > 0, global-norm clip. weight_decay: ≥ 0 (AdamW).
@@ -112,6 +120,8 @@ class AlgoSpec:
   staleness_buckets: tuple = DEFAULT_BUCKETS
   update_epochs: int = 1
   num_minibatches: int = 1
+  grad_accum_steps: int = 1
+  logprob_chunk: int = 0
   lr: float = 1e-4
   warmup_steps: int = 10
   lr_schedule: str = "cosine"
@@ -170,10 +180,11 @@ class AlgoSpec:
       if not getattr(self, name) > 0:
         _fail(name, getattr(self, name), "must be > 0")
     for name in ("kl_coef", "entropy_coef", "vf_coef", "staleness_rate", "weight_decay",
-                 "warmup_steps"):
+                 "warmup_steps", "logprob_chunk"):
       if getattr(self, name) < 0:
         _fail(name, getattr(self, name), "must be >= 0")
-    for name in ("update_epochs", "num_minibatches", "max_consecutive_skips"):
+    for name in ("update_epochs", "num_minibatches", "grad_accum_steps",
+                 "max_consecutive_skips"):
       if getattr(self, name) < 1:
         _fail(name, getattr(self, name), "must be >= 1")
     for name in ("gae_gamma", "gae_lambda", "final_lr_fraction"):

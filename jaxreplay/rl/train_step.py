@@ -145,6 +145,138 @@ def init_train_state(graphdef: nnx.GraphDef, params, optimizer: optax.GradientTr
                     skipped=jnp.int32(0), value_params=value_params, ref_params=ref_params)
 
 
+def _make_forward(graphdef, spec: AlgoSpec, temperature, top_k, top_p) -> Callable:
+  """``forward(params, value_params, batch) -> (logp, entropy, values or None)``, [B, T] each."""
+
+  def forward(params, value_params, batch):
+    if value_params is None:
+      logp, ent = token_logprobs(graphdef, params, batch.tokens, batch.attention_mask, temperature,
+                                 top_k, top_p, spec.logprob_chunk)
+      return logp, ent, None
+    return policy_and_values(graphdef, params, value_params, batch.tokens,
+                             batch.attention_mask, temperature, top_k, top_p,
+                             spec.logprob_chunk)
+
+  return forward
+
+
+def micro_batches(tree, n: int):
+  """Splits every leading axis R of ``tree`` into ``n`` strided micro-batches: [n, R/n, ...].
+
+  Micro-batch k holds rows k, k + n, k + 2n, ...: a batch sharded contiguously over
+  devices keeps every micro-batch spread over all of them. ``merge_micro_batches`` inverts.
+
+  Args:
+    tree: pytree of arrays with a common leading axis R (None leaves pass through).
+    n: ≥ 1, dividing R.
+
+  Returns:
+    The pytree with leaves [n, R/n, ...].
+
+  Raises:
+    ValueError: ``n`` does not divide R.
+  """
+  def split(x):
+    if x.shape[0] % n:
+      raise ValueError(f"{x.shape[0]} rows do not split into {n} micro-batches")
+    return x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1)
+  return jax.tree.map(split, tree)
+
+
+def merge_micro_batches(tree):
+  """Inverse of ``micro_batches``: leaves [n, R/n, ...] -> [R, ...] in the original row order."""
+  return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), tree)
+
+
+def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 0,
+                 top_p: float = 1.0) -> Callable:
+  """The loss, metrics and gradient of one minibatch, accumulated over micro-batches.
+
+  ``grad_fn(trainable, batch, weights, staleness, prox, ref, v_start) -> ((loss, metrics),
+  grads)``, traceable (the caller jits). ``trainable`` is the policy's parameters, or
+  ``(params, value_params)`` with a value head. With ``algo.grad_accum_steps = 1`` it is
+  ``jax.value_and_grad`` of ``objective`` over the whole minibatch. With n > 1 the R rows
+  are split into n micro-batches (``micro_batches``) scanned with ``lax.scan``, so only one
+  micro-batch's activations are live; each micro-batch's loss is divided by the whole
+  minibatch's ``losses.aggregate_normaliser`` (``objective(normaliser=...)``) and the
+  gradients are summed in float32, which is the whole minibatch's loss and gradient in
+  every aggregation mode. With a value head the GAE advantages, their whitening and the
+  value-clip anchor need the whole minibatch: one gradient-free pass over the
+  micro-batches computes the values (and log-probs for a reward-mode KL) first.
+
+  Args:
+    graphdef: the policy graph (static). algo: ``AlgoSpec`` or a mapping of ``algo``.
+    temperature, top_k, top_p: the sampler's distribution (as ``make_train_step``).
+
+  Returns:
+    grad_fn. Its arguments: batch a Rollout of R rows; weights [R] float32;
+    staleness [R] int32; prox, ref, v_start [R, T] float32 or None (the proximal,
+    reference log-probs and start values, held constant). It returns the float32 scalar
+    loss, the ``objective`` metrics (token means over the whole minibatch, ``loss`` and
+    ``pg_loss`` its aggregates; see ``diagnostics.combine_updates`` for the rest) and the
+    gradient, a pytree like ``trainable`` in its dtypes.
+
+  Raises:
+    ValueError: invalid ``algo``; at trace time R not divisible by
+      ``algo.grad_accum_steps``.
+  """
+  spec = AlgoSpec.from_config(algo)
+  n_micro = spec.grad_accum_steps
+
+  forward = _make_forward(graphdef, spec, temperature, top_k, top_p)
+
+  def split_trainable(trainable):
+    return trainable if spec.uses_value_head else (trainable, None)
+
+  def loss_fn(trainable, batch, w, stale, prox, ref, v_start):
+    params, value_params = split_trainable(trainable)
+    logp, ent, values = forward(params, value_params, batch)
+    adv = returns = None
+    if spec.uses_value_head:  # bootstrapped from the values at the start of the step
+      adv, returns = gae_advantages(spec, batch, values if v_start is None else v_start,
+                                    logp_bt=logp, ref_logp_bt=ref)
+    return objective(spec, logp, ent, batch, w, stale, adv_bt=adv, returns_bt=returns,
+                     prox_logp_bt=prox, ref_logp_bt=ref, values_bt=values,
+                     start_values_bt=v_start)
+
+  if n_micro == 1:
+    return jax.value_and_grad(loss_fn, has_aux=True)
+
+  def micro_loss(trainable, batch, w, stale, prox, ref, v_start, adv, returns, norm):
+    params, value_params = split_trainable(trainable)
+    logp, ent, values = forward(params, value_params, batch)
+    return objective(spec, logp, ent, batch, w, stale, adv_bt=adv, returns_bt=returns,
+                     prox_logp_bt=prox, ref_logp_bt=ref, values_bt=values,
+                     start_values_bt=v_start, normaliser=norm)
+
+  def grad_fn(trainable, batch, w, stale, prox, ref, v_start):
+    mask = losses.loss_mask(batch.completion_mask, batch.truncated, spec.mask_truncated)
+    norm = losses.aggregate_normaliser(mask, spec.aggregation)
+    adv = returns = None
+    if spec.uses_value_head:
+      params, value_params = split_trainable(sg(trainable))
+      logp0, _, values0 = merge_micro_batches(jax.lax.map(
+          lambda mb: forward(params, value_params, mb), micro_batches(batch, n_micro)))
+      v_start = values0 if v_start is None else v_start
+      adv, returns = gae_advantages(spec, batch, v_start, logp_bt=logp0, ref_logp_bt=ref)
+    xs = micro_batches((batch, w, stale, prox, ref, v_start, adv, returns), n_micro)
+
+    def accumulate(g_sum, x):
+      (loss, metrics), g = jax.value_and_grad(micro_loss, has_aux=True)(trainable, *x, norm)
+      return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g), (loss, metrics)
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
+    g_sum, (loss_k, metrics_k) = jax.lax.scan(accumulate, zeros, xs)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), g_sum, trainable)
+    # Micro-batches are disjoint parts evaluated at the same parameters: token means
+    # combine by token counts, exactly as minibatches of one epoch do.
+    metrics = diagnostics.combine_updates(metrics_k, 1, jnp.ones((n_micro,), jnp.float32))
+    metrics.update(loss=loss_k.sum(), pg_loss=metrics_k["pg_loss"].sum())
+    return (loss_k.sum(), metrics), grads
+
+  return grad_fn
+
+
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, algo,
                     temperature: float, top_k: int = 0, top_p: float = 1.0) -> Callable:
   """Builds the jitted ``train_step(state, batch, weights=None, staleness=None)``.
@@ -154,7 +286,9 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
   sampling-correction weights (``weights.sampling_weights``; default ones); ``staleness``
   [B] int32 defaults to ``state.step − batch.policy_version``. Each call takes
   ``update_epochs × num_minibatches`` optimizer steps over fixed contiguous minibatches and
-  advances the policy version ``step`` by one. Metrics (float32 scalars, ``objective`` keys
+  advances the policy version ``step`` by one; each step's gradient is accumulated over
+  ``algo.grad_accum_steps`` micro-batches of its minibatch (``make_grad_fn``: the same
+  gradient as the whole minibatch's, in less memory). Metrics (float32 scalars, ``objective`` keys
   plus ``loss``, ``grad_norm``, ``skipped_update``) are merged over those steps by
   ``diagnostics.combine_updates``: ``loss`` and ``pg_loss`` are the whole batch's under
   ``algo.aggregation`` (each minibatch weighted by its ``losses.aggregate_normaliser``),
@@ -176,35 +310,33 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
   Raises:
     ValueError: invalid ``algo`` (at build time); B not divisible by
-      ``num_minibatches`` or a missing value head / reference (at trace time).
+      ``num_minibatches × grad_accum_steps`` or a missing value head / reference (at
+      trace time).
   """
   spec = AlgoSpec.from_config(algo)
   n_updates = spec.updates_per_step
+  grad_fn = make_grad_fn(graphdef, spec, temperature, top_k, top_p)
+  # The gradient-free passes over the whole batch (reference, proximal policy, start
+  # values) run one micro-batch at a time when gradients are accumulated: with
+  # accumulation the whole batch's activations are assumed not to fit.
+  n_chunks = spec.num_minibatches * spec.grad_accum_steps if spec.grad_accum_steps > 1 else 1
 
-  def forward(params, value_params, batch):
-    if value_params is None:
-      logp, ent = token_logprobs(graphdef, params, batch.tokens, batch.attention_mask, temperature,
-                                 top_k, top_p)
-      return logp, ent, None
-    return policy_and_values(graphdef, params, value_params, batch.tokens,
-                             batch.attention_mask, temperature, top_k, top_p)
+  def by_micro_batch(fn, batch):
+    if n_chunks == 1:
+      return fn(batch)
+    return merge_micro_batches(jax.lax.map(fn, micro_batches(batch, n_chunks)))
 
-  def loss_fn(trainable, batch, w, stale, prox, ref, v_start):
-    params, value_params = trainable if spec.uses_value_head else (trainable, None)
-    logp, ent, values = forward(params, value_params, batch)
-    adv = returns = None
-    if spec.uses_value_head:  # bootstrapped from the values at the start of the step
-      adv, returns = gae_advantages(spec, batch, values if v_start is None else v_start,
-                                    logp_bt=logp, ref_logp_bt=ref)
-    return objective(spec, logp, ent, batch, w, stale, adv_bt=adv, returns_bt=returns,
-                     prox_logp_bt=prox, ref_logp_bt=ref, values_bt=values,
-                     start_values_bt=v_start)
+  forward = _make_forward(graphdef, spec, temperature, top_k, top_p)
 
   def train_step(state: TrainState, batch: Rollout, weights=None, staleness=None):
     b = batch.rewards.shape[0]
     if b % spec.num_minibatches:
       raise ValueError(f"train.batch_size={b} must be divisible by "
                        f"algo.num_minibatches={spec.num_minibatches}")
+    if (b // spec.num_minibatches) % spec.grad_accum_steps:
+      raise ValueError(f"the minibatch train.batch_size / algo.num_minibatches = "
+                       f"{b // spec.num_minibatches} must be divisible by "
+                       f"algo.grad_accum_steps={spec.grad_accum_steps}")
     if spec.uses_value_head and state.value_params is None:
       raise ValueError("algo.advantage='gae' needs TrainState.value_params "
                        "(build the state with init_train_state)")
@@ -217,11 +349,13 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     staleness = staleness.astype(jnp.int32)
     ref = prox = v_start = None
     if spec.uses_reference:
-      ref, _ = token_logprobs(graphdef, state.ref_params, batch.tokens, batch.attention_mask,
-                              temperature, top_k, top_p)
+      ref, _ = by_micro_batch(lambda mb: token_logprobs(
+          graphdef, state.ref_params, mb.tokens, mb.attention_mask, temperature, top_k, top_p,
+          spec.logprob_chunk), batch)
       ref = sg(ref)
     if n_updates > 1 and (spec.loss == "decoupled" or spec.uses_value_head):
-      prox, _, v_start = jax.tree.map(sg, forward(state.params, state.value_params, batch))
+      prox, _, v_start = jax.tree.map(sg, by_micro_batch(
+          lambda mb: forward(state.params, state.value_params, mb), batch))
     data = (batch, weights, staleness, prox, ref, v_start)
     trainable = state.params if not spec.uses_value_head else (state.params,
                                                                state.value_params)
@@ -230,7 +364,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     def one_update(carry, idx_m):
       trainable, opt_state, skipped = carry
       mb = jax.tree.map(lambda x: x[idx_m], data)
-      (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, *mb)
+      (loss, metrics), grads = grad_fn(trainable, *mb)
       gnorm = optax.tree.norm(grads)
       finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
       updates, new_opt = optimizer.update(grads, opt_state, trainable)
