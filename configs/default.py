@@ -41,6 +41,9 @@ def get_config():
 
   # source "builtin": this small decoder, warm-started below; "hf": a local Hugging Face
   # checkpoint directory in model.path (Llama 3 / Qwen2 / Qwen2.5 / Qwen3; see configs/qwen*).
+  # Optional keys, absent = off (the Qwen presets set them): scan_layers=True runs the
+  # blocks as one lax.scan over stacked parameters; remat="full" | "dots_saveable" |
+  # "dots_no_batch" recomputes each block in the backward pass (models/transformer.py).
   c.model = config_dict.ConfigDict(dict(
       source="builtin", path="", dtype="float32", param_dtype="float32",
       vocab_size=300, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32,

@@ -7,6 +7,7 @@ import importlib.util
 import os
 
 from jaxreplay import replay
+from jaxreplay.models.transformer import REMAT_POLICIES
 from jaxreplay.rl.spec import GROUP_ESTIMATORS, AlgoSpec
 from jaxreplay.tasks.spec import validate_task
 
@@ -308,6 +309,11 @@ def validate(cfg, device_count: int | None = None, process_count: int | None = N
   for f in ("model.dtype", "model.param_dtype"):
     if cfg.model[f.split(".")[1]] not in DTYPES:
       _fail(f, cfg.model[f.split(".")[1]], f"must be one of {DTYPES}")
+  # optional model keys (absent = off): one lax.scan over stacked layers, block remat
+  if not isinstance(cfg.model.get("scan_layers", False), bool):
+    _fail("model.scan_layers", cfg.model.scan_layers, "must be a bool")
+  if cfg.model.get("remat", "none") not in REMAT_POLICIES:
+    _fail("model.remat", cfg.model.remat, f"must be one of {REMAT_POLICIES}")
   if cfg.task.chat_template and cfg.model.source != "hf":
     _fail("task.chat_template", True, "needs model.source='hf' (a checkpoint with a chat template)")
   if cfg.sampler.top_k < 0:

@@ -22,10 +22,16 @@ are transposed):
 | blocks/i/attn_norm/scale, mlp_norm/scale | model.layers.i.input_layernorm.weight, post_attention_layernorm.weight |
 | final_norm/scale | model.norm.weight |
 | lm_head/kernel | lm_head.weight (untied models only) |
+
+With ``scan_layers`` the block parameters are stacked on a leading layer axis
+(``blocks/attn/q/kernel`` [L, ...]): loading fills layer i of each stacked array from
+``model.layers.i...`` (each device still reads only the slices of its block), export
+writes the per-layer tensors back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -38,7 +44,7 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P, SingleDeviceSharding
 
 from jaxreplay.models import safetensors_io
-from jaxreplay.models.transformer import Transformer, TransformerConfig
+from jaxreplay.models.transformer import Transformer, TransformerConfig, unstack_blocks
 from jaxreplay.parallel.sharding import PARAM_RULES, make_sharded_array, param_shardings, path_str
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -202,6 +208,15 @@ def hf_tensor_name(path: str) -> tuple[str, bool]:
   raise KeyError(f"parameter {path!r} has no Hugging Face tensor name")
 
 
+_STACKED = re.compile(r"^blocks/(?!\d+(/|$))(.*)$")
+
+
+def _layer_paths(path: str, n_layers: int) -> list[str] | None:
+  """The per-layer paths ``blocks/{i}/...`` of a stacked block parameter; None if not one."""
+  m = _STACKED.match(path)
+  return None if m is None else [f"blocks/{i}/{m.group(2)}" for i in range(n_layers)]
+
+
 def abstract_model(cfg: TransformerConfig) -> tuple[nnx.GraphDef, nnx.State]:
   """(graphdef, params of ``jax.ShapeDtypeStruct``) of ``Transformer(cfg)``, allocating nothing."""
   return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0))), nnx.Param)
@@ -236,17 +251,26 @@ def load_params(path: str, cfg: TransformerConfig, *, mesh: Mesh | None = None,
   plan = []
   for (kp, leaf), sh in zip(jax.tree_util.tree_flatten_with_path(abstract)[0],
                             jax.tree_util.tree_leaves(shardings)):
-    name, transpose = hf_tensor_name(path_str(kp))
-    if name not in files:
-      missing.append(name)
-      continue
-    used.add(name)
-    found = files[name].shape(name)
-    want = tuple(reversed(leaf.shape)) if transpose else tuple(leaf.shape)
-    if found != want:
-      mismatched.append((name, want, found))
-      continue
-    plan.append((leaf, sh, files[name], name, transpose))
+    p = path_str(kp)
+    layers = _layer_paths(p, cfg.n_layers)
+    shape = tuple(leaf.shape[1:]) if layers else tuple(leaf.shape)
+    parts, ok = [], True
+    for lp in layers or [p]:
+      name, transpose = hf_tensor_name(lp)
+      if name not in files:
+        missing.append(name)
+        ok = False
+        continue
+      used.add(name)
+      found = files[name].shape(name)
+      want = tuple(reversed(shape)) if transpose else shape
+      if found != want:
+        mismatched.append((name, want, found))
+        ok = False
+        continue
+      parts.append((files[name], name, transpose))
+    if ok:
+      plan.append((leaf, sh, parts, layers is not None))
   unexpected = []
   if strict:
     for name in files:
@@ -265,16 +289,27 @@ def load_params(path: str, cfg: TransformerConfig, *, mesh: Mesh | None = None,
       return lambda idx: arr[tuple(reversed(idx))].T
     return lambda idx: arr[idx]
 
-  arrays = [make_sharded_array(leaf.shape, dtype, sh, reader(f, name, t))
-            for leaf, sh, f, name, t in plan]
+  def stacked_reader(parts):
+    layers = [reader(*part) for part in parts]
+    # idx[0] selects this device's layers; each is read only at its own slice idx[1:]
+    return lambda idx: np.stack([layers[i](tuple(idx[1:]))
+                                 for i in range(len(layers))[idx[0]]])
+
+  arrays = [make_sharded_array(leaf.shape, dtype, sh,
+                               stacked_reader(parts) if stacked else reader(*parts[0]))
+            for leaf, sh, parts, stacked in plan]
   treedef = jax.tree_util.tree_structure(abstract)
   return graphdef, jax.tree_util.tree_unflatten(treedef, arrays)
 
 
 def from_pretrained(path: str, *, mesh: Mesh | None = None, rules: Sequence[tuple[str, P]] = PARAM_RULES,
-                    dtype: str = "float32", param_dtype: str = "float32", strict: bool = True
+                    dtype: str = "float32", param_dtype: str = "float32", strict: bool = True,
+                    scan_layers: bool = False, remat: str = "none"
                     ) -> tuple[TransformerConfig, nnx.GraphDef, nnx.State]:
   """``config_from_hf`` + ``load_params`` for a Hugging Face checkpoint directory.
+
+  ``scan_layers`` and ``remat`` set the ``TransformerConfig`` fields of the same names
+  (the checkpoint's per-layer tensors are stacked for the scan layout).
 
   Returns:
     (cfg, graphdef, params); ``nnx.merge(graphdef, params)`` is the model.
@@ -282,7 +317,8 @@ def from_pretrained(path: str, *, mesh: Mesh | None = None, rules: Sequence[tupl
   Raises:
     see ``config_from_hf`` and ``load_params``.
   """
-  cfg = config_from_hf(path, dtype=dtype, param_dtype=param_dtype)
+  cfg = dataclasses.replace(config_from_hf(path, dtype=dtype, param_dtype=param_dtype),
+                            scan_layers=scan_layers, remat=remat)
   graphdef, params = load_params(path, cfg, mesh=mesh, rules=rules, strict=strict)
   return cfg, graphdef, params
 
@@ -296,6 +332,8 @@ def to_hf_tensors(params: nnx.State, dtype: str | None = None) -> list[tuple[str
     dtype: cast to this dtype (e.g. ``"bfloat16"``); None keeps each array's dtype.
   """
   out = []
+  if any(_STACKED.match(path_str(kp)) for kp, _ in jax.tree_util.tree_flatten_with_path(params)[0]):
+    params = unstack_blocks(params)
   for kp, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     name, transpose = hf_tensor_name(path_str(kp))
     a = np.asarray(jax.device_get(leaf))

@@ -32,6 +32,26 @@ import numpy as np
 from flax import nnx
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# Rematerialisation of each block in the backward pass (``TransformerConfig.remat``):
+# none keeps every activation; full keeps only each block's input and recomputes the rest;
+# dots_saveable keeps the matmul outputs; dots_no_batch keeps those without batch
+# dimensions (the weight-side projections), recomputing attention scores.
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_no_batch")
+
+
+def remat_policy(name: str):
+  """The ``jax.checkpoint`` policy of a ``REMAT_POLICIES`` name (None = save nothing).
+
+  Raises:
+    ValueError: an unknown name.
+  """
+  if name == "full":
+    return None
+  if name == "dots_saveable":
+    return jax.checkpoint_policies.dots_saveable
+  if name == "dots_no_batch":
+    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  raise ValueError(f"model.remat={name!r} has no checkpoint policy; valid: {REMAT_POLICIES}")
 
 
 def _freeze(d: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...] | None:
@@ -68,10 +88,14 @@ class TransformerConfig:
     scale_tied_logits: multiply tied-embedding logits by D**-0.5. True keeps the
       behaviour of jaxreplay's small default policy (an N(0, 1) embedding); models
       loaded from Hugging Face set False, the exact HF computation.
+    scan_layers: hold the blocks' parameters stacked on a leading L axis
+      (``blocks/attn/q/kernel`` [L, D, H·E]) and run them with one ``lax.scan``: compile
+      time independent of depth. False: a list ``blocks/{i}/...`` run by a Python loop.
+    remat: one of ``REMAT_POLICIES``, what each block keeps for the backward pass.
 
   Raises (in ``__post_init__``):
     ValueError: n_heads not a multiple of n_kv_heads, odd head_dim, unknown rope type,
-      unknown dtype.
+      unknown dtype or remat policy, non-bool scan_layers.
   """
 
   vocab_size: int
@@ -93,9 +117,15 @@ class TransformerConfig:
   rope_scaling: Any = None
   max_position_embeddings: int = 0
   scale_tied_logits: bool = True
+  scan_layers: bool = False
+  remat: str = "none"
 
   def __post_init__(self):
     object.__setattr__(self, "rope_scaling", _freeze(self.rope_scaling))
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"model.remat={self.remat!r} is invalid: must be one of {REMAT_POLICIES}")
+    if not isinstance(self.scan_layers, bool):
+      raise ValueError(f"model.scan_layers={self.scan_layers!r} is invalid: must be a bool")
     if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
       raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of "
                        f"model.n_kv_heads={self.n_kv_heads}")
@@ -344,15 +374,16 @@ class Block(nnx.Module):
     """One block against the KV cache.
 
     Writes this layer's keys and values of the T new tokens into slots
-    ``cache_index .. cache_index+T-1`` of ``ck`` / ``cv`` ([L, B, S, H_kv, D], updated in
-    place by XLA) and attends over all S slots under ``mask`` [B, T, S] bool.
+    ``cache_index .. cache_index+T-1`` of ``ck`` / ``cv`` ([L, B, K, S, E], updated in
+    place by XLA) and attends over all S slots under ``mask`` [B, T, S] bool. ``layer``
+    is an int or a traced int32 scalar (inside the layer scan).
 
     Returns:
       (x [B, T, D], ck, cv).
     """
     q, k, v = self.attn.project(self.attn_norm(x), positions)
     zero = jnp.zeros((), jnp.int32)
-    at = (jnp.int32(layer), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
+    at = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
     ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype)[None], at)
     cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], at)
     return self._attend_and_mlp(x, q, ck[layer], cv[layer], mask), ck, cv
@@ -372,7 +403,9 @@ class Transformer(nnx.Module):
   ``embed.embedding`` [V, D]; ``blocks.{i}.attn.{q,k,v,o}.kernel`` [in, out] (+ ``.bias``);
   ``blocks.{i}.attn.{q,k}_norm.scale`` [E]; ``blocks.{i}.mlp.{gate,up,down}.kernel``;
   ``blocks.{i}.{attn,mlp}_norm.scale`` [D]; ``final_norm.scale`` [D];
-  ``lm_head.kernel`` [D, V] (untied only).
+  ``lm_head.kernel`` [D, V] (untied only). With ``cfg.scan_layers`` the blocks are one
+  ``Block`` whose parameters carry a leading L axis: ``blocks.attn.q.kernel`` [L, D, H·E],
+  the same values as the list layout's ``blocks.{i}...`` stacked (``stack_blocks``).
   """
 
   def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
@@ -382,7 +415,13 @@ class Transformer(nnx.Module):
     self.cfg = cfg
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, param_dtype=cfg.param_dtype,
                            embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
-    self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
+    blocks = [Block(cfg, rngs) for _ in range(cfg.n_layers)]
+    if cfg.scan_layers:  # the list layout's initial values, stacked
+      graphdef, _ = nnx.split(blocks[0])
+      self.blocks = nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs),
+                                                      *[nnx.state(b) for b in blocks]))
+    else:
+      self.blocks = nnx.List(blocks)
     self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.param_dtype)
     if not cfg.tie_embeddings:
       self.lm_head = _linear(cfg, cfg.d_model, cfg.vocab_size, False, cfg.d_model ** -0.5, rngs)
@@ -414,8 +453,24 @@ class Transformer(nnx.Module):
     causal = jnp.tril(jnp.ones((t, t), bool))
     attn_mask = causal[None] & mask[:, None, :]
     x = self._embed(tokens)
+    remat = self.cfg.remat != "none"
+    if self.cfg.scan_layers:
+      graphdef, stacked = nnx.split(self.blocks)
+
+      def body(x, layer):
+        return nnx.merge(graphdef, layer)(x, positions, attn_mask), None
+
+      if remat:
+        body = jax.checkpoint(body, policy=remat_policy(self.cfg.remat), prevent_cse=False)
+      x, _ = jax.lax.scan(body, x, stacked)
+      return x
     for blk in self.blocks:
-      x = blk(x, positions, attn_mask)
+      if remat:
+        graphdef, state = nnx.split(blk)
+        x = jax.checkpoint(lambda st, x: nnx.merge(graphdef, st)(x, positions, attn_mask),
+                           policy=remat_policy(self.cfg.remat))(state, x)
+      else:
+        x = blk(x, positions, attn_mask)
     return x
 
   def __call__(self, tokens: jax.Array, mask: jax.Array) -> jax.Array:
@@ -466,8 +521,55 @@ class Transformer(nnx.Module):
     attn_mask = (slot <= query_slot)[None] & valid[:, None, :]  # [B, T, S]
     x = self._embed(tokens)
     ck, cv = cache.k, cache.v
-    for i, blk in enumerate(self.blocks):
+    if self.cfg.scan_layers:
+      graphdef, stacked = nnx.split(self.blocks)
+
+      def body(carry, xs):
+        x, ck, cv = carry
+        layer, i = xs
+        return nnx.merge(graphdef, layer).decode(x, positions, attn_mask, ck, cv, i,
+                                                 cache_index), None
+
+      (x, ck, cv), _ = jax.lax.scan(body, (x, ck, cv),
+                                    (stacked, jnp.arange(self.cfg.n_layers, dtype=jnp.int32)))
+    for i, blk in enumerate(() if self.cfg.scan_layers else self.blocks):
       x, ck, cv = blk.decode(x, positions, attn_mask, ck, cv, i, cache_index)
     if last_only:
       x = x[:, -1:]
     return self._logits(x), KVCache(k=ck, v=cv, valid=valid)
+
+
+def stack_blocks(params: nnx.State, n_layers: int) -> nnx.State:
+  """Parameters of the list layout (``blocks/{i}/...``) in the scan layout (stacked on L).
+
+  Args:
+    params: ``nnx.State`` of a ``Transformer`` with ``scan_layers=False``.
+    n_layers: L.
+
+  Returns:
+    The ``nnx.State`` of the same model with ``scan_layers=True``: each block parameter
+    [L, ...] = the L per-layer arrays stacked; the other parameters unchanged.
+  """
+  flat = nnx.to_flat_state(params)
+  out, per_layer = [], {}
+  for path, var in flat:
+    if path[0] == "blocks":
+      per_layer.setdefault(path[2:], [None] * n_layers)[int(path[1])] = var
+    else:
+      out.append((path, var))
+  for rest, vars_ in per_layer.items():
+    out.append((("blocks",) + rest,
+                vars_[0].replace(jnp.stack([v[...] for v in vars_]))))
+  return nnx.from_flat_state(out)
+
+
+def unstack_blocks(params: nnx.State) -> nnx.State:
+  """The inverse of ``stack_blocks``: scan-layout parameters in the list layout."""
+  out = []
+  for path, var in nnx.to_flat_state(params):
+    if path[0] == "blocks":
+      arr = var[...]
+      out += [(("blocks", i) + path[1:], var.replace(arr[i])) for i in range(arr.shape[0])]
+    else:
+      out.append((path, var))
+  return nnx.from_flat_state(out)

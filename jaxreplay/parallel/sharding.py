@@ -6,7 +6,9 @@ types, so ordinary jnp code runs unannotated). Batches shard their leading axis 
 (regex over the ``/``-joined parameter path, PartitionSpec) pairs in the
 MaxText/tunix style: the first matching rule wins, and any mesh axis whose size does
 not divide the dimension it would shard is dropped (that dimension is replicated), so
-tiny test models still run on 8 devices.
+tiny test models still run on 8 devices. A block parameter of the scan layout
+(``blocks/attn/q/kernel`` [L, ...], no layer index in the path) gets its rule's spec
+behind a replicated layer axis.
 """
 
 from __future__ import annotations
@@ -106,11 +108,22 @@ def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
   return P(*out)
 
 
+# A block parameter stacked over layers (``TransformerConfig.scan_layers``).
+_STACKED_BLOCK = re.compile(r"^blocks/(?!\d+(/|$))")
+
+
 def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
              rules: Sequence[tuple[str, P]] = PARAM_RULES) -> P:
-  """The PartitionSpec of the parameter at ``path`` (first matching rule, fitted to shape)."""
+  """The PartitionSpec of the parameter at ``path`` (first matching rule, fitted to shape).
+
+  A stacked block parameter (``blocks/<name>`` without a layer index, [L, ...]) takes its
+  rule's spec for the per-layer shape behind an unsharded leading layer axis.
+  """
+  stacked = bool(_STACKED_BLOCK.match(path))
   for pattern, spec in rules:
     if re.search(pattern, path):
+      if stacked:
+        return P(None, *fit_spec(spec, shape[1:], mesh))
       return fit_spec(spec, shape, mesh)
   return P()
 

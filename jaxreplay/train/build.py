@@ -124,7 +124,9 @@ def load_policy(cfg, task, log=print, mesh=None):
                                   system_prompt=cfg.task.system_prompt)
     _, graphdef, params = hf_models.from_pretrained(cfg.model.path, mesh=mesh,
                                                     dtype=cfg.model.dtype,
-                                                    param_dtype=cfg.model.param_dtype)
+                                                    param_dtype=cfg.model.param_dtype,
+                                                    scan_layers=cfg.model.get("scan_layers", False),
+                                                    remat=cfg.model.get("remat", "none"))
     log(f"loaded {cfg.model.path}")
     return io, graphdef, params, {"path": os.path.abspath(cfg.model.path), "cached": True}
   base_dir = os.path.join(cfg.warmstart.cache_dir, base_policy_key(cfg))
