@@ -153,7 +153,7 @@ def plot_runs(run_dirs: list[str], out_dir: str, strict: bool = False) -> list[s
       ax_new.plot(new[:, 0], new[:, 1], label=name)
     else:
       empty.append(f"{name}: replay.png (replay_count_mean, frac_never_used)")
-  ax_uses.set_ylabel("uses of a trained sample, this one included (batch mean)")
+  ax_uses.set_ylabel("uses of a trained sample so far\n(this one included; batch mean)")
   ax_new.set_ylabel("fraction of the batch drawn for the first time")
   for ax in (ax_uses, ax_new):
     ax.set_xlabel("learner step")
@@ -178,7 +178,7 @@ def plot_runs(run_dirs: list[str], out_dir: str, strict: bool = False) -> list[s
 
 def _plot_ledger(ledgers: dict[str, dict], out_dir: str, paths: list[str]) -> None:
   """``ledger.png``: μ and γ per run (FLOPs, measured time), and the token ledger."""
-  fig, (ax_cost, ax_tok) = plt.subplots(1, 2, figsize=(11, 4))
+  fig, (ax_cost, ax_tok) = plt.subplots(1, 2, figsize=(11, 4.6))
   keys = [("mu_flops", "μ (FLOPs)"), ("mu_time", "μ (time)"),
           ("gamma_flops", "γ (FLOPs)"), ("gamma_time", "γ (time)")]
   width = 0.8 / len(ledgers)
@@ -206,7 +206,7 @@ def _plot_ledger(ledgers: dict[str, dict], out_dir: str, paths: list[str]) -> No
   ax_tok.set_yticks(y)
   ax_tok.set_yticklabels(list(ledgers))
   ax_tok.set_xlabel("completion tokens")
-  ax_tok.legend(fontsize=7)
+  ax_tok.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.15))
   _save(fig, out_dir, "ledger.png", paths)
 
 
