@@ -49,7 +49,8 @@ class Run:
   """Everything a job holds fixed: config, I/O, model graph, mesh and jitted steps.
 
   Attributes:
-    cfg: the validated config. log: message sink. workdir: absolute run directory.
+    cfg: the validated config. log: message sink. workdir: the run directory, an absolute
+      local path or an ``etils.epath`` URL (``gs://...``).
     t_start: wall-clock start of this process's part of the run (seconds since epoch).
     task: the verifiable task. io: ``TextIO``. graphdef: the policy's NNX graph.
     base_info: where the starting policy came from (``path``, ...).
@@ -165,6 +166,8 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
   Raises:
     jaxreplay.config.ConfigError: an invalid config, or a workdir holding a checkpoint of
       a run with other settings — before any file is written or anything compiled.
+    jaxreplay.train.checkpoint.CheckpointReadError: the newest checkpoint's metadata could
+      not be read for a reason other than corruption (nothing is moved).
   """
   config_lib.validate(cfg)
   mesh_shape = config_lib.mesh_shape(cfg)

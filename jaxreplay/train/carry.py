@@ -118,6 +118,9 @@ def resume(run, fresh: Carry) -> Carry:
 
   Raises:
     RuntimeError: checkpoints exist but none could be read (``checkpoint.restore``).
+    jaxreplay.train.checkpoint.CheckpointReadError: a checkpoint failed to read for a
+      reason other than corruption (out of memory, I/O, permissions, missing storage):
+      the run stops and every checkpoint stays in place.
   """
   restored = ckpt_lib.restore(run.manager, checkpoint_tree(run, fresh), log=run.log)
   if restored is None:
