@@ -111,9 +111,11 @@ def get_config():
   ))
 
   # Held-out evaluation: greedy and sampled accuracy, pass@k (k = 1, 2, 4, ... up to
-  # samples_per_example), length and fresh-sample entropy; temperature unset: the sampler's.
+  # samples_per_example), length and fresh-sample entropy; temperature and top_p unset: the
+  # sampler's.
   c.eval = config_dict.ConfigDict(dict(every=25, num_examples=1000, samples_per_example=4,
-                                       temperature=config_dict.placeholder(float)))
+                                       temperature=config_dict.placeholder(float),
+                                       top_p=config_dict.placeholder(float)))
   # Drift monitor: every ``every`` steps (0 = off) score ``num_samples`` buffer items under
   # the current policy: KL(behaviour ‖ current), IS effective sample size, reward by staleness.
   c.drift = config_dict.ConfigDict(dict(every=10, num_samples=256))

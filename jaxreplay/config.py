@@ -357,6 +357,8 @@ def validate(cfg, device_count: int | None = None, process_count: int | None = N
     _fail("eval.samples_per_example", spe, "must be >= 1")
   if cfg.eval.get("temperature") is not None and cfg.eval.temperature <= 0:
     _fail("eval.temperature", cfg.eval.temperature, "must be > 0 (unset: sampler.temperature)")
+  if cfg.eval.get("top_p") is not None and not 0.0 < cfg.eval.top_p <= 1.0:
+    _fail("eval.top_p", cfg.eval.top_p, "must be in (0, 1] (unset: sampler.top_p)")
   if cfg.checkpoint.max_to_keep < 1:
     _fail("checkpoint.max_to_keep", cfg.checkpoint.max_to_keep, "must be >= 1")
   _check_eligible_supply(cfg)

@@ -200,7 +200,8 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
                                   temperature=cfg.eval.get("temperature") or cfg.sampler.temperature,
                                   samples_per_example=cfg.eval.samples_per_example,
                                   correct_threshold=cfg.buffer.correct_threshold,
-                                  top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p,
+                                  top_k=cfg.sampler.top_k,
+                                  top_p=cfg.eval.get("top_p") or cfg.sampler.top_p,
                                   mesh=mesh)
 
   # --- learner and buffer, created on the mesh -------------------------------------------
