@@ -100,6 +100,8 @@ def test_stacked_parameters_shard_behind_the_layer_axis(models):
   mesh = sharding.make_mesh(data=1, fsdp=2, tensor=4)
   assert sharding.spec_for("blocks/attn/q/kernel", (3, 16, 16), mesh) == \
       jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+  assert sharding.spec_for("opt_state/1/0/mu/blocks/attn/q/kernel", (3, 16, 16), mesh) == \
+      jax.sharding.PartitionSpec(None, "fsdp", "tensor")
   assert sharding.spec_for("blocks/0/attn/q/kernel", (16, 16), mesh) == \
       jax.sharding.PartitionSpec("fsdp", "tensor")
   assert sharding.spec_for("blocks/attn_norm/scale", (3, 16), mesh) == \

@@ -109,17 +109,18 @@ def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
 
 
 # A block parameter stacked over layers (``TransformerConfig.scan_layers``).
-_STACKED_BLOCK = re.compile(r"^blocks/(?!\d+(/|$))")
+_STACKED_BLOCK = re.compile(r"(^|/)blocks/(?!\d+(/|$))")
 
 
 def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
              rules: Sequence[tuple[str, P]] = PARAM_RULES) -> P:
   """The PartitionSpec of the parameter at ``path`` (first matching rule, fitted to shape).
 
-  A stacked block parameter (``blocks/<name>`` without a layer index, [L, ...]) takes its
-  rule's spec for the per-layer shape behind an unsharded leading layer axis.
+  A stacked block parameter (``blocks/<name>`` without a layer index, [L, ...], also
+  inside a larger tree such as ``opt_state/.../mu/blocks/<name>``) takes its rule's spec
+  for the per-layer shape behind an unsharded leading layer axis.
   """
-  stacked = bool(_STACKED_BLOCK.match(path))
+  stacked = bool(_STACKED_BLOCK.search(path))
   for pattern, spec in rules:
     if re.search(pattern, path):
       if stacked:
