@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,7 +89,9 @@ def main(argv):
     np.savez(os.path.join(out, "params.npz"),
              **{jax.tree_util.keystr(k): np.asarray(v) for k, v in flat})
   with open(os.path.join(out, f"process_{pid}.json"), "w") as f:
+    cpu = resource.getrusage(resource.RUSAGE_SELF)
     json.dump({"wrote": wrote, "logs": [str(m) for m in logs],
+               "cpu_s": round(cpu.ru_utime + cpu.ru_stime, 1),
                "process_count": jax.process_count(), "device_count": jax.device_count(),
                "local_devices": len(jax.local_devices())}, f)
 

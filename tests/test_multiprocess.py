@@ -11,6 +11,7 @@ batch, and only process 0 may have written run files.
 
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -55,10 +56,13 @@ def runs(tmp_path_factory, cache):
     real_save(manager, step, tree, meta)
 
   ckpt_lib.save = spy
+  cpu0 = resource.getrusage(resource.RUSAGE_SELF)
   try:
     run(tiny_config(ref_dir, cache, steps=3), log=lambda *_: None)
   finally:
     ckpt_lib.save = real_save
+  cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+  ref_cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
   ref_params = {jax.tree_util.keystr(k): np.asarray(v) for k, v in
                 jax.tree_util.tree_flatten_with_path(saved["tree"]["train"].params)[0]}
 
@@ -90,6 +94,8 @@ def runs(tmp_path_factory, cache):
   for i in range(2):
     with open(os.path.join(out, f"process_{i}.json")) as f:
       reports.append(json.load(f))
+  print(f"CPU seconds: one-process reference {ref_cpu:.1f}, two processes "
+        f"{[r['cpu_s'] for r in reports]}")
   return (ref_dir, ref_params), (two_dir, two_params, reports)
 
 
