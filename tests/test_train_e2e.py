@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxreplay.config import ConfigError, load_config
-from jaxreplay.train.loop import run
+from jaxreplay.train.loop import restore, run
 from jaxreplay.train.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,6 +73,18 @@ def test_rl_improves_the_policy(rl_run):
   assert 0 < recs[-1]["generated_tokens"] <= s["generated_rollouts"] * 6
   assert sum(recs[-1]["staleness_hist"]) == 256 and recs[-1]["staleness_max"] <= 3
   assert os.path.isdir(os.path.join(wd, "checkpoints", str(s["steps"])))
+
+
+def test_restore_loads_the_last_checkpoint_without_training(rl_run, cache_dir):
+  wd, s = rl_run
+  with open(os.path.join(wd, "metrics.jsonl")) as f:
+    metrics = f.read()
+  job, carry = restore(small_config(wd, cache_dir, **{"train.steps": 120}), log=lambda *_: None)
+  assert carry.step == 120 and int(carry.state.step) == 120
+  assert carry.ledger.generated_rollouts == s["generated_rollouts"]
+  assert int(carry.buffer.size) == job.cfg.buffer.capacity
+  with open(os.path.join(wd, "metrics.jsonl")) as f:
+    assert f.read() == metrics  # nothing appended
 
 
 def test_base_policy_is_cached_and_reused(rl_run, cache_dir, tmp_path):
