@@ -79,6 +79,9 @@ def get_config():
   x8 = dict(x=8, y=2)
   c.configurations = [
       dict(name="onpolicy", family="on-policy", overrides=fifo(1, 1)),
+      # on-policy at twice the generation budget: where its curve flattens (not a target)
+      dict(name="onpolicy_2x", family="on-policy", overrides={
+          **fifo(1, 1), "train.steps": 2 * STEPS, "checkpoint.every": 4 * EVAL_EVERY}),
       dict(name="fifo_x2_y2", family="FIFO uniform", overrides=fifo(2, 2)),
       dict(name="fifo_x4_y2", family="FIFO uniform", overrides=fifo(4, 2)),
       dict(name="fifo_x8_y2", family="FIFO uniform", overrides=fifo(8, 2)),
