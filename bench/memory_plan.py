@@ -245,7 +245,8 @@ def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
       f"mesh data={d} fsdp={f} tensor={tn}",
       f"model: {result['n_params'] / 1e9:.3f}B params ({t.param_dtype} params, {t.dtype} "
       f"compute), {t.n_layers} layers, scan_layers={t.scan_layers}, remat={t.remat}",
-      f"learner: B={cfg.train.batch_size} rows x T={cfg.task.prompt_width + cfg.sampler.max_new_tokens}, "
+      f"learner: B={cfg.train.batch_size} rows x "
+      f"T={cfg.task.prompt_width + cfg.sampler.max_new_tokens}, "
       f"num_minibatches={cfg.algo.num_minibatches}, grad_accum_steps="
       f"{cfg.algo.get('grad_accum_steps', 1)}, logprob_chunk={cfg.algo.get('logprob_chunk', 0)}; "
       f"sampler: {cfg.rollout.per_step} rollouts",

@@ -62,7 +62,8 @@ def loop_reference(models):
   return _loss_and_grad(models, LOOP)
 
 
-@pytest.mark.parametrize("scan,remat", [(True, "none"), (False, "full"), (True, "dots_saveable")])
+# the presets' scan + full remat; a saving policy on the loop
+@pytest.mark.parametrize("scan,remat", [(True, "none"), (True, "full"), (False, "dots_saveable")])
 def test_scan_and_remat_give_the_loop_logits_and_gradients(models, loop_reference, scan, remat):
   l_ref, g_ref = loop_reference
   l, g = _loss_and_grad(models, dataclasses.replace(LOOP, scan_layers=scan, remat=remat))
@@ -138,9 +139,11 @@ def test_config_validation_names_the_model_field():
   from jaxreplay.config import ConfigError, load_config, validate
   cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "default.py"))
   cfg.model.remat = "everything"
-  with pytest.raises(ConfigError, match=r"config\.model\.remat='everything' is invalid: must be one"):
+  with pytest.raises(ConfigError,
+                     match=r"config\.model\.remat='everything' is invalid: must be one"):
     validate(cfg, device_count=1)
   cfg.model.remat = "full"
   cfg.model.scan_layers = "yes"
-  with pytest.raises(ConfigError, match=r"config\.model\.scan_layers='yes' is invalid: must be a bool"):
+  with pytest.raises(ConfigError,
+                     match=r"config\.model\.scan_layers='yes' is invalid: must be a bool"):
     validate(cfg, device_count=1)

@@ -36,7 +36,7 @@ def numpy_scores(logits, tokens, temperature):
   return np.concatenate([pad, logp], 1), np.concatenate([pad, ent], 1)
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 8, 20])
+@pytest.mark.parametrize("chunk", [1, 3, 20])  # one position, padding, longer than T
 def test_chunked_log_probs_match_numpy(policy, chunk):
   graphdef, params, tokens, mask = policy
   logits = nnx.merge(graphdef, params)(tokens, mask)
