@@ -533,18 +533,30 @@ def plot_panels(an: Analysis, configs: list[dict], panels: list[tuple], path: st
 
 # --- the report ---------------------------------------------------------------------------
 
-def _git_commit() -> str:
+def _git_commit(outputs: Sequence[str] = ()) -> str:
+  """The repository's short HEAD, marked when tracked files other than ``outputs`` (the
+  report's own files, rewritten by every regeneration) differ from it."""
   try:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
                          capture_output=True, text=True, timeout=10)
-    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=10).stdout.strip()
+    status = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True, timeout=10).stdout.splitlines()
+    own = {os.path.relpath(os.path.abspath(p), root) for p in outputs}
+    own_dirs = tuple(d.rstrip(os.sep) + os.sep for d in own)
+    dirty = [ln for ln in status
+             if ln[3:] not in own and not ln[3:].startswith(own_dirs)]
     if out.returncode or not out.stdout.strip():
       return "unknown"
     return out.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
   except (OSError, subprocess.SubprocessError):
     return "unknown"
+
+
+def _shown_path(path: str) -> str:
+  """``path`` relative to the working directory when it lies inside it, else absolute."""
+  rel = os.path.relpath(os.path.abspath(path))
+  return path if rel.startswith(os.pardir) else rel
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -590,8 +602,9 @@ def write_report(sweep: dict, workdir: str, command: str) -> list[str]:
        "by `jaxreplay/report.py` from the runs' `metrics.jsonl` and `config.json`.", "",
        f"- runs: {sum(len(v) for v in runs.values())} present of "
        f"{len(configs) * len(sweep['seeds'])} ({len(configs)} configurations × seeds "
-       f"{', '.join(map(str, sweep['seeds']))}); code at commit {_git_commit()}",
-       f"- base config: `{sweep['base_config']}`; sweep directory: `{workdir}`",
+       f"{', '.join(map(str, sweep['seeds']))}); report code at commit "
+       f"{_git_commit([md_path, fig_dir])}",
+       f"- base config: `{sweep['base_config']}`; sweep directory: `{_shown_path(workdir)}`",
        f"- sum of the runs' wall time (summary.json): {_wall_seconds(runs) / 60:.1f} min"]
   if missing:
     L.append(f"- missing: {', '.join(missing)}")

@@ -91,14 +91,17 @@ def test_plan_and_command():
   runs = sweep.plan(s, "/w")
   assert len(s["seeds"]) >= 3 and len(runs) == len(s["configurations"]) * len(s["seeds"])
   assert runs[0].workdir == "/w/onpolicy/seed0"
-  cmd = sweep.command(s, runs[1], "/w")
+  fifo = next(r for r in runs if r.workdir == "/w/fifo_x2_y2/seed0")
+  cmd = sweep.command(s, fifo, "/w")
   assert cmd[1:3] == ["-m", "jaxreplay.main"] and "--config.seed=0" in cmd
   assert "--config.warmstart.cache_dir=/w/base_policies" in cmd
   assert "--config.rollout.per_step=32" in cmd and "--config.train.steps=480" in cmd
   assert sweep.format_value(True) == "True" and sweep.format_value((0, 1)) == "(0, 1)"
-  # equal generation budgets: every configuration generates STEPS·B rollouts
+  # equal generation budgets: every configuration generates STEPS·B rollouts, except the
+  # on-policy run at twice the budget
   gen = {c["name"]: c["overrides"]["rollout.per_step"] * c["overrides"]["train.steps"]
          for c in s["configurations"]}
+  assert gen.pop("onpolicy_2x") == 2 * gen["onpolicy"]
   assert len(set(gen.values())) == 1, gen
 
 
