@@ -248,6 +248,9 @@ def test_each_format_runs_end_to_end(name, checkpoint, shared_compiles, tmp_path
     monkeypatch.setattr(build_lib, "make_task", make_faulty_task)
   summary = run(c, log=lambda *_: None)
   assert summary["steps"] == 2 and summary["generated_rollouts"] == 32
+  if name == "gsm8k_jsonl":  # the sample files hold no malformed row and no invalid gold
+    assert summary["data_rows"] == {"skipped_rows": {"train": 0, "heldout": 0},
+                                    "invalid_gold": {"train": 0, "heldout": 0}}
   rows = read_metrics(c.workdir)
   first = next(r for r in rows if r["step"] == 1)
   assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # the update ran on these rollouts

@@ -97,6 +97,10 @@ def finish(job: Run, carry: Carry) -> dict:
       "wall_seconds": carry.wall_before + time.time() - job.t_start,
       "base_policy": job.base_info["path"], "mode": job.cfg.train.mode, **timers,
       "ledger": ledger, "eval_after": final,
+      # rows a file source skipped as malformed and examples excluded for an unparseable
+      # gold, per split (sources that count them)
+      "data_rows": {k: dict(getattr(job.task, k)) for k in ("skipped_rows", "invalid_gold")
+                    if isinstance(getattr(job.task, k, None), dict)},
       "checkpoints": os.path.join(job.workdir, "checkpoints"),
       "best_checkpoint": (None if best is None else
                           {"step": best[0], "eval/acc_sampled": best[1],
