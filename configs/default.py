@@ -61,7 +61,11 @@ def get_config():
   # log-probs under the same truncated distribution (ratio 1 at identical parameters).
   c.sampler = config_dict.ConfigDict(dict(max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0))
 
-  c.rollout = config_dict.ConfigDict(dict(per_step=128, group_size=8))  # R = 16 prompts × G
+  # behaviour_logprobs: "sampler" stores the sampler's log-probs; "learner" rescores the
+  # completions with the learner's forward before insertion, so a fresh rollout's
+  # importance ratio is exactly 1 in bfloat16 too (bench/bf16_ratio.py; the bf16 presets).
+  c.rollout = config_dict.ConfigDict(dict(per_step=128, group_size=8,  # R = 16 prompts × G
+                                          behaviour_logprobs="sampler"))
   # N = capacity. Samplers: uniform (the paper's), recency, priority, positive_bias,
   # fresh_first — see jaxreplay/replay/config.py for every field.
   c.buffer = config_dict.ConfigDict(dict(

@@ -47,6 +47,10 @@ def get_config():
                               "within \\boxed{}.")
   c.sampler.update(max_new_tokens=512, temperature=1.0)
   c.rollout.update(per_step=64, group_size=16)  # R = 4 prompts × G = 16
+  # bf16: the learner rescores each rollout before insertion, so a fresh rollout's ratio is
+  # exactly 1 (the sampler's decode and the learner's forward round differently; see
+  # bench/bf16_ratio.py and the README's "bfloat16 and the importance ratio").
+  c.rollout.behaviour_logprobs = "learner"
   c.buffer.capacity = 256  # N
   c.train.update(steps=300, batch_size=64)  # B
   c.algo.update(lr=1e-6, warmup_steps=0, lr_schedule="constant", max_grad_norm=1.0,

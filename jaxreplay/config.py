@@ -34,6 +34,8 @@ def sibling_config(file: str, name: str):
 
 MODEL_SOURCES = ("builtin", "hf")
 DTYPES = ("float32", "bfloat16")
+# Where the stored behaviour log-probs come from (train.generation.learner_behaviour_logprobs).
+BEHAVIOUR_LOGPROBS = ("sampler", "learner")
 
 
 class ConfigError(ValueError):
@@ -271,6 +273,9 @@ def validate(cfg, device_count: int | None = None, process_count: int | None = N
   except (ValueError, FileNotFoundError) as e:
     raise ConfigError(f"config.{e}") from None
   r, g = cfg.rollout.per_step, cfg.rollout.group_size
+  if cfg.rollout.behaviour_logprobs not in BEHAVIOUR_LOGPROBS:
+    _fail("rollout.behaviour_logprobs", cfg.rollout.behaviour_logprobs,
+          f"must be one of {', '.join(BEHAVIOUR_LOGPROBS)}")
   if g < 1:
     _fail("rollout.group_size", g, "must be >= 1")
   if g == 1 and spec.advantage in GROUP_ESTIMATORS:

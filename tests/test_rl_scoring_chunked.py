@@ -110,3 +110,20 @@ def test_the_chunked_gradient_never_holds_the_whole_logits(policy):
 def test_chunk_must_be_positive():
   with pytest.raises(ValueError, match="chunk=0 must be > 0"):
     scoring.chunked_scores(None, jnp.zeros((1, 2, 4)), jnp.zeros((1, 2), jnp.int32), 0)
+
+
+@pytest.mark.parametrize("rows", [1, 2])  # one row at a time; 2 rows of B = 3: padded
+def test_scoring_by_rows_equals_the_whole_batch(policy, rows):
+  graphdef, params, tokens, mask = policy
+  want = scoring.token_logprobs(graphdef, params, tokens, mask, 0.7, 0, 1.0, 4)
+  got = jax.jit(scoring.token_logprobs_by_rows, static_argnums=(0, 4, 5, 6, 7, 8))(
+      graphdef, params, tokens, mask, 0.7, 0, 1.0, 4, rows)
+  for g, w in zip(got, want):
+    assert g.shape == (B, T)
+    np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_micro_batch_rows_follow_the_learners_split():
+  assert scoring.micro_batch_rows(64, {"num_minibatches": 1, "grad_accum_steps": 4}) == 16
+  assert scoring.micro_batch_rows(64, {"num_minibatches": 2, "grad_accum_steps": 4}) == 8
+  assert scoring.micro_batch_rows(64, {"num_minibatches": 2, "grad_accum_steps": 1}) == 0

@@ -23,6 +23,7 @@ from flax import nnx
 
 from jaxreplay.models.logit_processing import process_logits
 from jaxreplay.rl import value
+from jaxreplay.rl.spec import AlgoSpec
 
 # Log-prob given to a token outside the current policy's top-k/top-p set, whose log-prob
 # under the truncated distribution is -inf: finite, so its ratio is exactly 0 (it cannot be
@@ -62,6 +63,93 @@ def token_logprobs(graphdef: nnx.GraphDef, params, tokens: jax.Array, attention_
     return chunked_scores(model.project_logits, model.hidden(tokens, attention_mask), tokens,
                           chunk, temperature, top_k, top_p)
   return _scores(model(tokens, attention_mask), tokens, temperature, top_k, top_p)
+
+
+def micro_batches(tree, n: int):
+  """Splits every leading axis R of ``tree`` into ``n`` strided micro-batches: [n, R/n, ...].
+
+  Micro-batch k holds rows k, k + n, k + 2n, ...: a batch sharded contiguously over
+  devices keeps every micro-batch spread over all of them. ``merge_micro_batches`` inverts.
+
+  Args:
+    tree: pytree of arrays with a common leading axis R (None leaves pass through).
+    n: ≥ 1, dividing R.
+
+  Returns:
+    The pytree with leaves [n, R/n, ...].
+
+  Raises:
+    ValueError: ``n`` does not divide R.
+  """
+  def split(x):
+    if x.shape[0] % n:
+      raise ValueError(f"{x.shape[0]} rows do not split into {n} micro-batches")
+    return x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1)
+  return jax.tree.map(split, tree)
+
+
+def merge_micro_batches(tree):
+  """Inverse of ``micro_batches``: leaves [n, R/n, ...] -> [R, ...] in the original row order."""
+  return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), tree)
+
+
+def micro_batch_rows(batch_size: int, algo) -> int:
+  """Rows per micro-batch of the learner's gradient-free passes, 0 for the whole batch.
+
+  The learner splits each minibatch of ``batch_size / num_minibatches`` rows into
+  ``grad_accum_steps`` micro-batches when it accumulates gradients, because then a whole
+  batch's activations are assumed not to fit; every other pass that scores rollouts under
+  the policy (behaviour log-probs in the learner's numerics, the KL reward penalty, the
+  drift monitor, the held-out entropy) takes the same rows at a time.
+
+  Args:
+    batch_size: B, the learner's batch (``train.batch_size``).
+    algo: ``AlgoSpec``, or an ``algo`` mapping (ConfigDict, dict).
+
+  Returns:
+    B / (num_minibatches · grad_accum_steps) if grad_accum_steps > 1, else 0.
+  """
+  spec = AlgoSpec.from_config(algo)
+  if spec.grad_accum_steps == 1:
+    return 0
+  return batch_size // (spec.num_minibatches * spec.grad_accum_steps)
+
+
+def token_logprobs_by_rows(graphdef: nnx.GraphDef, params, tokens: jax.Array,
+                           attention_mask: jax.Array, temperature: float = 1.0, top_k: int = 0,
+                           top_p: float = 1.0, chunk: int = 0, rows: int = 0
+                           ) -> tuple[jax.Array, jax.Array]:
+  """``token_logprobs`` of a batch, ``rows`` rows at a time (``lax.map``): bounded memory.
+
+  For scoring without gradients (behaviour log-probs, reference, drift, entropy): with
+  ``rows`` and ``chunk`` set, at most [rows, chunk, V] float32 logits and one micro-batch's
+  activations are live, whatever B. Rows are split as ``micro_batches`` splits them (after
+  padding B up to a multiple of ``rows`` with copies of row 0, dropped from the output);
+  each row's values are those ``token_logprobs`` gives it in a batch of ``rows`` rows.
+
+  Args:
+    graphdef, params, tokens [B, T] int32, attention_mask [B, T] bool, temperature, top_k,
+      top_p, chunk: as ``token_logprobs``.
+    rows: ≥ 0 rows per pass (static); 0 or ≥ B scores all B rows at once.
+
+  Returns:
+    (logp [B, T] float32, entropy [B, T] float32), as ``token_logprobs``.
+
+  Raises:
+    ValueError: as ``token_logprobs``.
+  """
+  b = tokens.shape[0]
+  if not rows or rows >= b:
+    return token_logprobs(graphdef, params, tokens, attention_mask, temperature, top_k, top_p,
+                          chunk)
+  pad = -b % rows
+  if pad:
+    tokens, attention_mask = (jnp.concatenate([x, jnp.repeat(x[:1], pad, 0)], 0)
+                              for x in (tokens, attention_mask))
+  parts = micro_batches((tokens, attention_mask), tokens.shape[0] // rows)
+  out = jax.lax.map(lambda tm: token_logprobs(graphdef, params, tm[0], tm[1], temperature,
+                                              top_k, top_p, chunk), parts)
+  return jax.tree.map(lambda x: x[:b], merge_micro_batches(out))
 
 
 def chunked_scores(project, hidden_btd: jax.Array, tokens: jax.Array, chunk: int,

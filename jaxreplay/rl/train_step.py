@@ -20,7 +20,8 @@ from flax import nnx
 
 from jaxreplay.rl import diagnostics, losses, value
 from jaxreplay.rl.objective import gae_advantages, item_weights, objective
-from jaxreplay.rl.scoring import policy_and_values, token_logprobs
+from jaxreplay.rl.scoring import (merge_micro_batches, micro_batches, policy_and_values,
+                                  token_logprobs)
 from jaxreplay.rl.spec import SCHEDULES, AlgoSpec
 from jaxreplay.rollout import Rollout
 
@@ -158,34 +159,6 @@ def _make_forward(graphdef, spec: AlgoSpec, temperature, top_k, top_p) -> Callab
                              spec.logprob_chunk)
 
   return forward
-
-
-def micro_batches(tree, n: int):
-  """Splits every leading axis R of ``tree`` into ``n`` strided micro-batches: [n, R/n, ...].
-
-  Micro-batch k holds rows k, k + n, k + 2n, ...: a batch sharded contiguously over
-  devices keeps every micro-batch spread over all of them. ``merge_micro_batches`` inverts.
-
-  Args:
-    tree: pytree of arrays with a common leading axis R (None leaves pass through).
-    n: ≥ 1, dividing R.
-
-  Returns:
-    The pytree with leaves [n, R/n, ...].
-
-  Raises:
-    ValueError: ``n`` does not divide R.
-  """
-  def split(x):
-    if x.shape[0] % n:
-      raise ValueError(f"{x.shape[0]} rows do not split into {n} micro-batches")
-    return x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1)
-  return jax.tree.map(split, tree)
-
-
-def merge_micro_batches(tree):
-  """Inverse of ``micro_batches``: leaves [n, R/n, ...] -> [R, ...] in the original row order."""
-  return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), tree)
 
 
 def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 0,

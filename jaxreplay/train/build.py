@@ -28,6 +28,7 @@ from jaxreplay.models.tokenizer import load_or_train_tokenizer
 from jaxreplay.parallel import multihost
 from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.replay import rate_limiter as rate_lib
+from jaxreplay.rl.scoring import micro_batch_rows
 from jaxreplay.rl.train_step import init_train_state, make_optimizer, make_train_step
 from jaxreplay.rollout import empty_rollout
 from jaxreplay.tasks import make_task
@@ -194,6 +195,8 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
   # --- task, tokenizer, starting policy --------------------------------------------------
   io, graphdef, params, base_info = load_policy(cfg, task, log, mesh=mesh)
   m = cfg.sampler.max_new_tokens
+  # Passes that score rollouts without gradients take the learner's micro-batch rows.
+  score_rows = micro_batch_rows(cfg.train.batch_size, cfg.algo)
   evaluate_fn = functools.partial(evaluate, graphdef, io=io, task=task,
                                   examples=task.heldout[:cfg.eval.num_examples],
                                   max_new_tokens=m,
@@ -202,7 +205,8 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
                                   correct_threshold=cfg.buffer.correct_threshold,
                                   top_k=cfg.sampler.top_k,
                                   top_p=cfg.eval.get("top_p") or cfg.sampler.top_p,
-                                  mesh=mesh)
+                                  mesh=mesh, logprob_chunk=cfg.algo.logprob_chunk,
+                                  score_rows=score_rows)
 
   # --- learner and buffer, created on the mesh -------------------------------------------
   # Parameters and optimizer state by PARAM_RULES, the buffer's capacity axis over "data",
@@ -231,7 +235,8 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
   ready = make_ready(b, sampler_cfg)
   drift_fn = make_drift_fn(graphdef, cfg.sampler.temperature, cfg.drift.num_samples,
                            tuple(cfg.algo.staleness_buckets), cfg.sampler.top_k,
-                           cfg.sampler.top_p) if cfg.drift.every else None
+                           cfg.sampler.top_p, cfg.algo.logprob_chunk,
+                           score_rows) if cfg.drift.every else None
   lag = config_lib.policy_lag(cfg)
 
   run = Run(cfg=cfg, log=log, workdir=workdir, t_start=t_start, task=task, io=io,

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxreplay.rl import diagnostics
-from jaxreplay.rl.scoring import token_logprobs
+from jaxreplay.rl.scoring import token_logprobs_by_rows
 
 KEYS = ("kl", "ess_seq", "ess_token", "reward", "count")
 
@@ -90,7 +90,8 @@ def sample_slots(valid_c, key, num_samples: int):
 
 
 def make_drift_fn(graphdef, temperature: float, num_samples: int,
-                  edges=diagnostics.DEFAULT_BUCKETS, top_k: int = 0, top_p: float = 1.0):
+                  edges=diagnostics.DEFAULT_BUCKETS, top_k: int = 0, top_p: float = 1.0,
+                  chunk: int = 0, rows: int = 0):
   """Builds ``drift(params, buffer, key, version_now) -> dict`` (jitted, buffer not donated).
 
   Args:
@@ -98,6 +99,8 @@ def make_drift_fn(graphdef, temperature: float, num_samples: int,
       behaviour log-probs were computed). num_samples: S rows scored (clipped to C).
     edges: staleness bucket lower edges.
     top_k, top_p: the sampler's truncation (log-probs under the same distribution).
+    chunk, rows: score ``rows`` items at a time, ``chunk`` positions of the vocabulary
+      computations at a time (``scoring.token_logprobs_by_rows``; 0 = all at once).
 
   Returns:
     The function; its output is ``drift_stats`` of S slots sampled uniformly from the
@@ -110,8 +113,8 @@ def make_drift_fn(graphdef, temperature: float, num_samples: int,
     s = min(num_samples, buffer.valid.shape[0])
     idx, ok = sample_slots(buffer.valid, key, s)
     items = jax.tree.map(lambda a: a[idx], buffer.items)
-    logp, _ = token_logprobs(graphdef, params, items.tokens, items.attention_mask, temperature,
-                             top_k, top_p)
+    logp, _ = token_logprobs_by_rows(graphdef, params, items.tokens, items.attention_mask,
+                                     temperature, top_k, top_p, chunk, rows)
     return drift_stats(logp, items.behaviour_logprobs, items.completion_mask,
                        buffer.reward[idx], version_now - buffer.policy_version[idx], ok, edges)
 

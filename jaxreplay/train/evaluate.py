@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxreplay.parallel import multihost
-from jaxreplay.rl.scoring import token_logprobs
+from jaxreplay.rl.scoring import token_logprobs_by_rows
 from jaxreplay.sampling import generate
 from jaxreplay.tasks.base import Example
 from jaxreplay.train.policy import TextIO, score
@@ -47,21 +47,24 @@ def pass_at_k(num_samples: np.ndarray, num_correct: np.ndarray, k: int) -> np.nd
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "top_k", "top_p"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "top_k", "top_p",
+                                             "logprob_chunk", "rows"))
 def _entropy_sum(graphdef, params, prompt_tokens, prompt_mask, tokens, mask, *, temperature,
-                 top_k=0, top_p=1.0):
+                 top_k=0, top_p=1.0, logprob_chunk=0, rows=0):
   """(Σ entropy, token count) over completion tokens of one generated chunk."""
   full = jnp.concatenate([prompt_tokens, tokens], 1)
   attn = jnp.concatenate([prompt_mask, mask], 1)
   comp = jnp.concatenate([jnp.zeros_like(prompt_mask), mask], 1)
-  _, ent = token_logprobs(graphdef, params, full, attn, temperature, top_k, top_p)
+  _, ent = token_logprobs_by_rows(graphdef, params, full, attn, temperature, top_k, top_p,
+                                  logprob_chunk, rows)
   return jnp.where(comp, ent, 0.0).sum(), comp.sum()
 
 
 def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], key: jax.Array,
              max_new_tokens: int, temperature: float, samples_per_example: int,
              chunk: int = 1024, correct_threshold: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, mesh=None) -> dict[str, float]:
+             top_p: float = 1.0, mesh=None, logprob_chunk: int = 0,
+             score_rows: int = 0) -> dict[str, float]:
   """Held-out accuracy: greedy (temperature 0) and sampled at ``temperature``, with pass@k.
 
   Rewards go through ``policy.score``: the task's scorer, with the same timeout and worker
@@ -84,6 +87,8 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
     mesh: optional mesh: each chunk's rows split over its ``data × fsdp`` axes
       (``sampling.generate``); the completions are gathered to every process
       (``parallel.multihost.to_host``), which all score them alike.
+    logprob_chunk, score_rows: the fresh-sample entropy is computed ``score_rows`` rows and
+      ``logprob_chunk`` positions at a time (``scoring.token_logprobs_by_rows``; 0 = all).
 
   Returns:
     {"acc_greedy", "acc_sampled" (= mean reward of the sampled pass), "len_sampled"
@@ -114,7 +119,8 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
         keep = np.arange(len(part)) < n  # padding rows of the last chunk do not count
         e_sum, e_cnt = multihost.to_host(_entropy_sum(
             graphdef, params, jnp.asarray(toks), jnp.asarray(mask), g.tokens,
-            g.mask & keep[:, None], temperature=temp, top_k=tk, top_p=tp))
+            g.mask & keep[:, None], temperature=temp, top_k=tk, top_p=tp,
+            logprob_chunk=logprob_chunk, rows=score_rows))
         ent[0] += float(e_sum)
         ent[1] += int(e_cnt)
     return np.concatenate(rewards), np.concatenate(lengths), ent[0] / max(ent[1], 1)

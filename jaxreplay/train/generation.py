@@ -20,7 +20,7 @@ from jaxreplay.parallel import multihost
 from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.rl.advantages import compute_advantages
 from jaxreplay.rl.losses import kl_penalised_rewards
-from jaxreplay.rl.scoring import token_logprobs
+from jaxreplay.rl.scoring import micro_batch_rows, token_logprobs_by_rows
 from jaxreplay.rollout import Rollout
 from jaxreplay.sampling import generate
 from jaxreplay.train import accounting
@@ -34,7 +34,9 @@ class Generation(NamedTuple):
   Attributes:
     ledger: the ``Ledger`` increment (tokens, rollouts, failures, skips, FLOPs).
     metrics: host floats ``reward``, ``frac_mixed_groups``, ``completion_len``,
-      ``truncated_frac`` (means over the R rollouts).
+      ``truncated_frac`` (means over the R rollouts); with
+      ``rollout.behaviour_logprobs='learner'`` also ``behaviour_kl_sampler`` and
+      ``behaviour_max_abs_log_ratio`` (``learner_behaviour_logprobs``).
     position: the data position after the prompts this call consumed.
   """
 
@@ -44,9 +46,10 @@ class Generation(NamedTuple):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "beta", "estimator",
-                                             "top_k", "top_p"))
+                                             "top_k", "top_p", "chunk", "rows"))
 def kl_reward_penalty(graphdef, ref_params, rollout: Rollout, *, temperature: float, beta: float,
-                      estimator: str, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+                      estimator: str, top_k: int = 0, top_p: float = 1.0, chunk: int = 0,
+                      rows: int = 0) -> jax.Array:
   """Rewards minus β·Σ_t KL_t(behaviour ‖ reference) per rollout (``algo.kl_mode='reward'``).
 
   The per-token KL estimate uses the stored behaviour log-probs and the frozen
@@ -58,14 +61,56 @@ def kl_reward_penalty(graphdef, ref_params, rollout: Rollout, *, temperature: fl
     graphdef: the policy's NNX graph (static). ref_params: the frozen reference's state.
     rollout: [N, T] rollouts with behaviour log-probs. temperature, top_k, top_p: the
       sampler's (static). beta: KL coefficient β >= 0. estimator: 'k1', 'k2' or 'k3'.
+    chunk, rows: the reference is scored ``rows`` rows and ``chunk`` positions at a time
+      (``scoring.token_logprobs_by_rows``; 0 = all at once).
 
   Returns:
     [N] float32 penalised rewards.
   """
-  ref_logp, _ = token_logprobs(graphdef, ref_params, rollout.tokens, rollout.attention_mask,
-                               temperature, top_k, top_p)
+  ref_logp, _ = token_logprobs_by_rows(graphdef, ref_params, rollout.tokens,
+                                       rollout.attention_mask, temperature, top_k, top_p,
+                                       chunk, rows)
   return kl_penalised_rewards(rollout.rewards, rollout.behaviour_logprobs, ref_logp,
                               rollout.completion_mask, beta, estimator)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "top_k", "top_p",
+                                             "chunk", "rows"))
+def learner_behaviour_logprobs(graphdef, params, rollout: Rollout, *, temperature: float,
+                               top_k: int = 0, top_p: float = 1.0, chunk: int = 0,
+                               rows: int = 0) -> tuple[jax.Array, dict]:
+  """Behaviour log-probs recomputed by the learner's forward (``rollout.behaviour_logprobs='learner'``).
+
+  The sampler's cached decode and the learner's full forward round differently in
+  bfloat16, so with the sampler's log-probs the importance ratio of a fresh rollout at
+  the very parameters that generated it is not exactly 1 (``bench/bf16_ratio.py``
+  measures the spread). Scoring the stored tokens with the learner's own function
+  (``scoring.token_logprobs_by_rows``, the same chunking and micro-batch rows as the
+  train step) before insertion makes it exactly 1, so the clip range and truncation act
+  on policy change alone; the sampler-vs-learner difference is reported, not corrected
+  (cf. the recompute of verl's ``old_log_prob``; Yao et al. 2025, "Your efficient RL
+  framework secretly brings you off-policy RL training", weight it by truncated IS).
+
+  Args:
+    graphdef, params: the behaviour policy (the parameters that sampled ``rollout``).
+    rollout: [N, T] rollouts with the sampler's behaviour log-probs.
+    temperature, top_k, top_p: the sampler's (static). chunk, rows: the learner's
+      ``algo.logprob_chunk`` and micro-batch rows (``scoring.micro_batch_rows``).
+
+  Returns:
+    (logp [N, T] float32: the learner's log-probs on completion columns, 0 elsewhere;
+     metrics: float32 scalars over completion tokens of x = log π_learner − log μ_sampler:
+     ``behaviour_kl_sampler`` (mean k3, exp(x) − 1 − x, Schulman 2020) and
+     ``behaviour_max_abs_log_ratio`` (max |x|)).
+  """
+  logp, _ = token_logprobs_by_rows(graphdef, params, rollout.tokens, rollout.attention_mask,
+                                   temperature, top_k, top_p, chunk, rows)
+  mask = rollout.completion_mask
+  logp = jnp.where(mask, logp, 0.0)
+  x = jnp.where(mask, logp - rollout.behaviour_logprobs, 0.0)
+  n = jnp.maximum(mask.sum(), 1)
+  return logp, {"behaviour_kl_sampler": (jnp.expm1(x) - x).sum() / n,
+                "behaviour_max_abs_log_ratio": jnp.abs(x).max()}
 
 
 def _place(tree, mesh):
@@ -101,7 +146,9 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, position: int, ke
   Reads P = R/G prompts from ``stream`` at ``position`` (skipping, and counting, prompts
   that do not fit when ``task.on_too_long='skip'``), samples G completions each, scores
   them with the task's reward (a raising or timed-out reward counts as 0), and computes
-  the group advantages — after the KL reward penalty when ``algo.kl_mode='reward'``.
+  the group advantages — after the KL reward penalty when ``algo.kl_mode='reward'``. With
+  ``rollout.behaviour_logprobs='learner'`` the behaviour log-probs are rescored by the
+  learner's forward first (``learner_behaviour_logprobs``).
 
   Args:
     cfg: the config (``rollout``, ``sampler``, ``task``, ``algo`` sections).
@@ -145,12 +192,21 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, position: int, ke
       group_id=np.repeat(np.arange(first_group, first_group + p), g).astype(np.int32),
       policy_version=np.full((n,), version, np.int32), truncated=np.asarray(out["truncated"]))
   rollout = _place(host, mesh)
+  chunk = cfg.algo.logprob_chunk
+  rows = micro_batch_rows(cfg.train.batch_size, cfg.algo)
+  numerics = {}
+  if cfg.rollout.behaviour_logprobs == "learner":
+    logp, numerics = learner_behaviour_logprobs(
+        graphdef, params, rollout, temperature=cfg.sampler.temperature,
+        top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p, chunk=chunk, rows=rows)
+    rollout = rollout.replace(behaviour_logprobs=logp)
+    numerics = {k: float(v) for k, v in multihost.to_host(numerics).items()}
   shaped = rewards
   if ref_params is not None and cfg.algo.kl_mode == "reward" and cfg.algo.advantage != "gae":
     shaped = multihost.to_host(kl_reward_penalty(
         graphdef, ref_params, rollout, temperature=cfg.sampler.temperature,
         beta=cfg.algo.kl_coef, estimator=cfg.algo.kl_estimator, top_k=cfg.sampler.top_k,
-        top_p=cfg.sampler.top_p))
+        top_p=cfg.sampler.top_p, chunk=chunk, rows=rows))
   r_pg = rewards.reshape(p, g)
   adv = np.asarray(compute_advantages(jnp.asarray(shaped.reshape(p, g)), cfg.algo.advantage))
   rollout = rollout.replace(advantages=_place(adv.reshape(-1).astype(np.float32), mesh))
@@ -159,12 +215,16 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, position: int, ke
   spread = r_pg.max(1) > r_pg.min(1)
   flops = 0.0 if cost is None else float(
       accounting.generation_flops(cost, cfg.task.prompt_width, lengths.astype(np.float64)).sum())
+  if cost is not None and numerics:  # the learner's rescoring is one more forward per rollout
+    flops += float(accounting.forward_flops_causal(
+        cost, cfg.task.prompt_width + lengths.astype(np.float64)).sum())
   ledger = Ledger(generated_tokens=int(lengths.sum()), generated_rollouts=n,
                   zero_adv_group_tokens=int(lengths.reshape(p, g)[~spread].sum()),
                   truncated_tokens=int(lengths[truncated].sum()), generation_flops=flops,
                   reward_failures=failures, prompts_skipped=skipped)
   metrics = {"reward": float(rewards.mean()), "frac_mixed_groups": float(spread.mean()),
-             "completion_len": float(lengths.mean()), "truncated_frac": float(truncated.mean())}
+             "completion_len": float(lengths.mean()), "truncated_frac": float(truncated.mean()),
+             **numerics}
   return rollout, Generation(ledger, metrics, position)
 
 
