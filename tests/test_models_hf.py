@@ -141,7 +141,58 @@ def test_safetensors_writer_is_read_by_the_reference_library(tmp_path):
   safetensors_io.write_file(str(tmp_path / "y.safetensors"), arrays)
   f = safetensors_io.SafetensorsFile(str(tmp_path / "y.safetensors"))
   assert f.dtype("c") == np.dtype(ml_dtypes.bfloat16)
-  np.testing.assert_array_equal(f.get("c").astype(np.float32), [0.5, 1.5])
+  np.testing.assert_array_equal(f.get("c")[...].astype(np.float32), [0.5, 1.5])
+
+
+def test_safetensors_roundtrip_and_sliced_reads(tmp_path):
+  import ml_dtypes
+  rng = np.random.RandomState(0)
+  arrays = {"f32": rng.randn(6, 5).astype(np.float32),
+            "bf16": rng.randn(4, 7).astype(ml_dtypes.bfloat16),
+            "i32": np.arange(24, dtype=np.int32).reshape(2, 3, 4),
+            "big_endian": np.arange(5, dtype=">f4"),
+            "strided": np.arange(20, dtype=np.float32).reshape(4, 5)[:, ::2],
+            "scalar": np.array(3.5, np.float32)}
+  path = str(tmp_path / "t.safetensors")
+  nbytes = safetensors_io.write_file(path, arrays, {"format": "pt"})
+  assert nbytes == sum(a.nbytes for a in arrays.values())
+  with safetensors_io.SafetensorsFile(path) as f:
+    assert f.metadata == {"format": "pt"} and sorted(f.keys()) == sorted(arrays)
+    for k, a in arrays.items():
+      assert f.shape(k) == a.shape and f.dtype(k) == a.dtype.newbyteorder("=")
+      np.testing.assert_array_equal(f.get(k)[...], a)
+    idx = (slice(1, 3), slice(2, 5))
+    for k in ("f32", "bf16"):
+      block = f.get(k)[idx]
+      assert block.dtype == arrays[k].dtype and block.shape == (2, 3)
+      np.testing.assert_array_equal(block, arrays[k][idx])
+    np.testing.assert_array_equal(f.get("i32")[1, :, 1:3], arrays["i32"][1, :, 1:3])
+    # hf.load_params reads a transposed kernel block as view[reversed index].T
+    np.testing.assert_array_equal(f.get("f32")[tuple(reversed(idx))].T, arrays["f32"].T[idx])
+
+
+def test_safetensors_errors_name_the_file(tmp_path):
+  import struct
+
+  def one_tensor(dtype, nbytes, data_bytes):
+    h = json.dumps({"x": {"dtype": dtype, "shape": [1], "data_offsets": [0, nbytes]}}).encode()
+    return struct.pack("<Q", len(h)) + h + b"\0" * data_bytes
+
+  bad = {"long": struct.pack("<Q", 10**9) + b"{}", "json": struct.pack("<Q", 5) + b"{abc}",
+         "short": b"\1\2", "truncated": one_tensor("F32", 4, 2), "code": one_tensor("XYZ", 4, 4)}
+  for name, content in bad.items():
+    p = tmp_path / f"{name}.safetensors"
+    p.write_bytes(content)
+    with pytest.raises(ValueError, match="not a readable safetensors file") as e:
+      safetensors_io.SafetensorsFile(str(p))
+    assert str(p) in str(e.value)
+  (tmp_path / "f8.safetensors").write_bytes(one_tensor("F8_E4M3", 1, 1))
+  with pytest.raises(ValueError, match="f8.safetensors: tensor 'x' has unsupported dtype F8_E4M3"):
+    safetensors_io.open_checkpoint(str(tmp_path / "f8.safetensors"))
+  with pytest.raises(ValueError, match="'c'.*cannot be written"):
+    safetensors_io.write_file(str(tmp_path / "w.safetensors"), {"c": np.zeros(2, np.complex64)})
+  with pytest.raises(FileNotFoundError):
+    safetensors_io.open_checkpoint(str(tmp_path / "missing"))
 
 
 def test_bf16_checkpoint_loads_exactly(tmp_path):
@@ -156,7 +207,7 @@ def test_bf16_checkpoint_loads_exactly(tmp_path):
 def test_mismatched_checkpoint_lists_every_bad_tensor(family, tmp_path):
   name, path, _, cfg, _, _ = family
   src = safetensors_io.open_checkpoint(path)
-  tensors = {k: np.array(f.get(k)) for k, f in src.items()}
+  tensors = {k: f.get(k)[...] for k, f in src.items()}
   del tensors["model.layers.1.mlp.up_proj.weight"]
   del tensors["model.norm.weight"]
   tensors["model.layers.0.self_attn.k_proj.weight"] = np.zeros((8, 64), np.float32)

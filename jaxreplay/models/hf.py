@@ -4,8 +4,8 @@ Supported families (``model_type``): ``llama`` (Llama 3/3.1/3.2), ``qwen2`` (Qwe
 and ``qwen3`` (dense Qwen3). Both the transformers v4 config format (``rope_theta`` +
 ``rope_scaling``) and the v5 one (``rope_parameters``) are read.
 
-Loading fills each parameter shard straight from a memory-mapped file
-(``jax.make_array_from_callback``): every device receives only its block of each
+Loading fills each parameter shard straight from the lazy slices of the ``safetensors``
+library (``jax.make_array_from_callback``): every device receives only its block of each
 tensor, and no host copy of a whole parameter is made beyond the slices read. Export
 writes the Hugging Face layout back (``config.json`` + safetensors, sharded with an
 index when asked), so a trained policy opens with ``AutoModelForCausalLM.from_pretrained``.
@@ -280,6 +280,7 @@ def load_params(path: str, cfg: TransformerConfig, *, mesh: Mesh | None = None,
         continue
       unexpected.append(name)
   if missing or mismatched or unexpected:
+    safetensors_io.close_checkpoint(files)
     raise CheckpointMismatchError(path, missing, mismatched, unexpected)
   dtype = jnp.dtype(cfg.param_dtype)
 
@@ -298,6 +299,8 @@ def load_params(path: str, cfg: TransformerConfig, *, mesh: Mesh | None = None,
   arrays = [make_sharded_array(leaf.shape, dtype, sh,
                                stacked_reader(parts) if stacked else reader(*parts[0]))
             for leaf, sh, parts, stacked in plan]
+  # make_array_from_callback has called every reader by now, so the files can go.
+  safetensors_io.close_checkpoint(files)
   treedef = jax.tree_util.tree_structure(abstract)
   return graphdef, jax.tree_util.tree_unflatten(treedef, arrays)
 

@@ -1,81 +1,115 @@
-"""Reading and writing the safetensors format with NumPy memory maps (no framework needed).
+"""Safetensors checkpoints through the Hugging Face ``safetensors`` library (NumPy arrays).
 
-Format (https://github.com/huggingface/safetensors): an 8-byte little-endian header
-length N, N bytes of JSON mapping each tensor name to ``{"dtype", "shape",
-"data_offsets": [begin, end]}`` (byte offsets into the data section that follows) plus
-an optional ``"__metadata__"`` string map, then the raw little-endian data.
+Reading opens each file once with ``safetensors.safe_open(path, framework="numpy")``,
+which memory-maps it and validates the header. ``SafetensorsFile.get`` returns the
+library's lazy slice object: indexing it copies only the bytes of the requested block,
+so a parameter shard is filled without reading the whole tensor. Writing goes through
+``safetensors.numpy.save_file``.
 
-Reading maps the file and returns zero-copy views, so slicing a tensor reads only the
-pages of that slice: a parameter shard can be filled without loading the whole tensor.
-bfloat16 uses ``ml_dtypes`` (a JAX dependency).
+bfloat16 tensors are built by the library as ``numpy.dtype("bfloat16")``, a name NumPy
+knows only once ``ml_dtypes`` (a JAX dependency) is imported; this module imports it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import ml_dtypes
 import numpy as np
+import safetensors
+import safetensors.numpy
 
+# Format codes this module reads and writes -> NumPy dtype. The library knows more
+# (float8, float4, complex) that NumPy or our models cannot use; those are rejected.
 DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
     "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"),
-    "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
+    "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U64": np.dtype("<u8"), "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"), "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
 }
 _CODES = {v: k for k, v in DTYPES.items()}
 
 
 class SafetensorsFile:
-  """A memory-mapped ``.safetensors`` file.
+  """One open ``.safetensors`` file (a ``safetensors.safe_open`` handle).
+
+  The handle (and its memory map) is released by ``close``, on leaving a ``with``
+  block, or when this object and every slice taken from it are garbage collected.
 
   Attributes:
-    path: the file. header: tensor name -> {"dtype", "shape", "data_offsets"}.
-    metadata: the ``__metadata__`` map ({} if absent).
+    path: the file. metadata: the ``__metadata__`` string map ({} if absent).
 
   Raises:
-    ValueError: a malformed header or an unsupported dtype (on open).
+    FileNotFoundError: ``path`` does not exist (on open).
+    ValueError: the library rejects the file (malformed header, header longer than
+      the file, data not covering the header's offsets), or a tensor has a dtype
+      outside ``DTYPES``; the message names the file.
   """
 
   def __init__(self, path: str):
     self.path = path
-    with open(path, "rb") as f:
-      (n,) = struct.unpack("<Q", f.read(8))
-      if n > os.path.getsize(path):
-        raise ValueError(f"{path}: header length {n} exceeds the file size; not a safetensors file")
-      header = json.loads(f.read(n))
-    self.metadata = header.pop("__metadata__", {}) or {}
-    self.header = header
-    for name, h in header.items():
-      if h["dtype"] not in DTYPES:
-        raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {h['dtype']}")
-    self._start = 8 + n
-    self._mm = np.memmap(path, dtype=np.uint8, mode="r") if header else None
+    try:
+      self._f = safetensors.safe_open(path, framework="numpy")
+      self.metadata = dict(self._f.metadata() or {})
+      self._slices = {k: self._f.get_slice(k) for k in sorted(self._f.keys())}
+      self._dtypes = {k: s.get_dtype() for k, s in self._slices.items()}
+    except safetensors.SafetensorError as e:
+      raise ValueError(f"{path}: not a readable safetensors file: {e}") from e
+    for name, code in self._dtypes.items():
+      if code not in DTYPES:
+        raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {code}")
 
   def keys(self) -> list[str]:
-    """Tensor names in the file."""
-    return list(self.header)
+    """Tensor names in the file (sorted)."""
+    return list(self._slices)
 
   def shape(self, name: str) -> tuple[int, ...]:
-    """The shape of tensor ``name``."""
-    return tuple(self.header[name]["shape"])
+    """The shape of tensor ``name`` (from the header; nothing is read).
+
+    Raises:
+      KeyError: no tensor ``name`` in the file.
+    """
+    return tuple(self._slices[name].get_shape())
 
   def dtype(self, name: str) -> np.dtype:
-    """The NumPy dtype of tensor ``name``."""
-    return DTYPES[self.header[name]["dtype"]]
+    """The NumPy dtype of tensor ``name`` (a value of ``DTYPES``).
 
-  def get(self, name: str) -> np.ndarray:
-    """A read-only zero-copy view of tensor ``name`` (pages are read when touched)."""
-    h = self.header[name]
-    b, e = h["data_offsets"]
-    buf = self._mm[self._start + b:self._start + e]
-    return buf.view(DTYPES[h["dtype"]]).reshape(h["shape"])
+    Raises:
+      KeyError: no tensor ``name`` in the file.
+    """
+    return DTYPES[self._dtypes[name]]
+
+  def get(self, name: str) -> Any:
+    """A lazy view of tensor ``name``: ``view[index]`` reads only that block.
+
+    The view is the library's ``PySafeSlice``. ``index`` is what NumPy basic indexing
+    takes (ints, slices with positive step, ``...``; ``view[...]`` reads the whole
+    tensor). The result is a new writeable ``np.ndarray`` of dtype ``self.dtype(name)``
+    and the indexed shape; the view itself has no array methods. Unlike NumPy, slice
+    bounds past a dimension are not clipped: indexing raises ``safetensors.SafetensorError``.
+
+    Raises:
+      KeyError: no tensor ``name`` in the file.
+    """
+    return self._slices[name]
+
+  def close(self) -> None:
+    """Releases the file handle; views taken by ``get`` are not to be read afterwards."""
+    self._f.__exit__(None, None, None)
+
+  def __enter__(self) -> SafetensorsFile:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
 
 
 def open_checkpoint(path: str) -> dict[str, SafetensorsFile]:
   """Tensor name -> open file, for a directory (single file or sharded index) or one file.
+
+  Each file is opened once and shared by all its tensors; ``close_checkpoint`` releases them.
 
   Args:
     path: a ``.safetensors`` file, or a directory holding ``model.safetensors`` or
@@ -85,8 +119,8 @@ def open_checkpoint(path: str) -> dict[str, SafetensorsFile]:
     dict mapping every tensor name to the ``SafetensorsFile`` that holds it.
 
   Raises:
-    FileNotFoundError: no safetensors checkpoint at ``path``.
-    ValueError: the index names a tensor its shard lacks.
+    FileNotFoundError: no safetensors checkpoint at ``path``, or a shard the index names.
+    ValueError: the index names a tensor its shard lacks; see ``SafetensorsFile``.
   """
   if os.path.isfile(path):
     f = SafetensorsFile(path)
@@ -99,7 +133,7 @@ def open_checkpoint(path: str) -> dict[str, SafetensorsFile]:
     files = {fn: SafetensorsFile(os.path.join(path, fn)) for fn in sorted(set(weight_map.values()))}
     out = {}
     for name, fn in weight_map.items():
-      if name not in files[fn].header:
+      if name not in files[fn]._slices:
         raise ValueError(f"{index}: weight_map puts {name!r} in {fn}, which lacks it")
       out[name] = files[fn]
     return out
@@ -109,40 +143,38 @@ def open_checkpoint(path: str) -> dict[str, SafetensorsFile]:
   raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
+def close_checkpoint(files: Mapping[str, SafetensorsFile]) -> None:
+  """Closes every file of an ``open_checkpoint`` result."""
+  for f in {id(f): f for f in files.values()}.values():
+    f.close()
+
+
 def write_file(path: str, tensors: Mapping[str, np.ndarray],
                metadata: Mapping[str, str] | None = None) -> int:
-  """Writes ``tensors`` to one ``.safetensors`` file (header padded to 8 bytes).
+  """Writes ``tensors`` to one ``.safetensors`` file with ``safetensors.numpy.save_file``.
 
   Args:
-    path: output file. tensors: name -> array (dtypes of ``DTYPES``).
+    path: output file. tensors: name -> array of any shape, dtype one of ``DTYPES``
+      (either byte order; any memory layout).
     metadata: string map stored as ``__metadata__`` (Hugging Face expects
       ``{"format": "pt"}``).
 
   Returns:
-    Bytes of tensor data written.
+    Bytes of tensor data written (the sum of the arrays' ``nbytes``).
 
   Raises:
-    ValueError: an array with an unsupported dtype.
+    ValueError: an array with a dtype outside ``DTYPES`` (nothing is written).
   """
-  header, offset, arrays = {}, 0, []
+  out = {}
   for name, a in tensors.items():
-    a = np.ascontiguousarray(a)
-    code = _CODES.get(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
-    if code is None:
+    a = np.asarray(a)
+    if _CODES.get(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype) is None:
       raise ValueError(f"tensor {name!r}: dtype {a.dtype} cannot be written to safetensors")
-    header[name] = {"dtype": code, "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-    offset += a.nbytes
-    arrays.append(a)
-  if metadata:
-    header = {"__metadata__": dict(metadata), **header}
-  raw = json.dumps(header, separators=(",", ":")).encode()
-  raw += b" " * (-len(raw) % 8)
-  with open(path, "wb") as f:
-    f.write(struct.pack("<Q", len(raw)))
-    f.write(raw)
-    for a in arrays:
-      f.write(a.tobytes())
-  return offset
+    # save_file serializes from each array's data pointer, so it needs C-contiguous
+    # arrays (np.ascontiguousarray would turn a 0-d array into shape (1,)).
+    out[name] = a if a.flags.c_contiguous else a.copy(order="C")
+  safetensors.numpy.save_file(out, path, metadata=dict(metadata) if metadata else None)
+  return sum(a.nbytes for a in out.values())
 
 
 def write_checkpoint(directory: str, tensors: Iterable[tuple[str, np.ndarray]],
@@ -151,11 +183,14 @@ def write_checkpoint(directory: str, tensors: Iterable[tuple[str, np.ndarray]],
 
   Args:
     directory: output directory (created).
-    tensors: (name, array) pairs in the order to write.
+    tensors: (name, array) pairs in the order to fill shards; arrays as for ``write_file``.
     max_shard_bytes: start a new shard once one would exceed this; None for one file.
 
   Returns:
     The written file names.
+
+  Raises:
+    ValueError: see ``write_file``.
   """
   os.makedirs(directory, exist_ok=True)
   shards: list[dict[str, np.ndarray]] = [{}]
