@@ -3,25 +3,29 @@
 ``python bench/memory_plan.py --config CONFIG --devices N --chip NAME [--mesh D,F,T]
 [--arch NAME] [--set algo.grad_accum_steps=8 ...]``
 
-Lowers and compiles the two device programs of a run — the learner step (buffer sample +
-``rl.train_step``, state and buffer donated, exactly as ``train.build`` assembles it) and the
-sampler (``sampling.generate``'s prefill + KV-cache decode of one rollout batch) — for the
-config at a mesh of N fake CPU devices (``--xla_force_host_platform_device_count``). Every
-input is an abstract ``jax.ShapeDtypeStruct`` carrying its ``NamedSharding``; the model is
-built with ``nnx.eval_shape``, so no weight is ever allocated and a 7B plan runs on a laptop.
-It prints each executable's ``memory_analysis()`` (arguments, outputs, aliased = donated,
+Lowers and compiles the device programs of a run for the config at a mesh of N fake CPU
+devices (``--xla_force_host_platform_device_count``): the learner step (buffer sample +
+``rl.train_step``, state and buffer donated, exactly as ``train.build`` assembles it); the
+sampler (``sampling.generate``'s prefill + KV-cache decode of one rollout batch); and, when
+the config runs them, the learner's rescoring of the behaviour log-probs
+(``rollout.behaviour_logprobs='learner'``), the drift monitor (``drift.num_samples`` buffer
+items scored) and the held-out evaluation (its sampled pass's generate call of up to
+``eval.batch_rows`` rows and the fresh-sample entropy of those rows) — each scoring pass in the
+learner's micro-batch rows and log-prob chunks, as the run does. Every input is an abstract
+``jax.ShapeDtypeStruct`` carrying its ``NamedSharding``; the model is built with
+``nnx.eval_shape``, so no weight is ever allocated and a 7B plan runs on a laptop. It prints
+each executable's ``memory_analysis()`` (arguments, outputs, aliased = donated,
 temporaries), the per-device peak next to the chip's HBM, and whether it fits with 20%
 headroom (peak ≤ 0.8 × HBM); exit status 0 if it fits, 1 if not.
 
-Peak per device = max(learner step: arguments + outputs − aliased + temporaries;
-sampler: the same for its executable + the resident train state and buffer it does not take
-as arguments — optimizer state, reference, buffer — which stay in HBM while it runs).
+Peak per device = the largest, over the programs, of arguments + outputs − aliased +
+temporaries + the train state and buffer it does not take as arguments (optimizer state,
+reference, buffer), which stay in HBM while it runs (the ``+resident`` column).
 
 What it does not see: the allocator's fragmentation and the runtime's own reservations
-(the 20% headroom is for those), the held-out evaluation and the drift monitor (their
-own batch sizes; both score log-probs without chunking), and GPU/TPU-specific fusion: XLA:CPU
-schedules and fuses differently (it may, e.g., keep bfloat16 matmul operands in float32),
-so the numbers estimate the accelerator's; they have not been checked on one.
+(the 20% headroom is for those) and GPU/TPU-specific fusion: XLA:CPU schedules and fuses
+differently (it may, e.g., keep bfloat16 matmul operands in float32), so the numbers
+estimate the accelerator's; they have not been checked on one.
 
 Model architecture: ``model.source='builtin'`` reads ``cfg.model``; ``'hf'`` reads
 ``model.path/config.json`` when it exists, else ``--arch`` (or the preset file's name)
@@ -131,7 +135,7 @@ def _per_device_bytes(tree) -> int:
 
 def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
          arch: str = "") -> dict:
-  """Compiles the learner step and the sampler of ``cfg`` on ``devices`` devices.
+  """Compiles the learner step, the sampler and the scoring passes of ``cfg`` on ``devices`` devices.
 
   Runs in the calling process: jax must already see ≥ ``devices`` devices (the CLI sets
   ``XLA_FLAGS`` before importing jax; the tests' conftest sets 8).
@@ -142,7 +146,9 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
     config_path, arch: to pick an hf architecture (``model_config``).
 
   Returns:
-    dict: ``learner``, ``sampler`` (per-device bytes: args, out, alias, temp, total),
+    dict: ``learner``, ``sampler`` and, when the config runs them, ``rescoring``,
+    ``drift``, ``eval sampler``, ``eval entropy`` (per-device bytes: args, out, alias, temp,
+    total), ``programs`` (name -> total + the resident bytes not among its arguments),
     ``state_bytes`` / ``buffer_bytes`` (per device), ``peak``, ``hbm``, ``fits``,
     ``mesh``, ``n_params``, ``compile_s``, ``model`` (the TransformerConfig).
 
@@ -161,7 +167,11 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
   from jaxreplay.parallel import sharding as sharding_lib
   from jaxreplay.rl.train_step import init_train_state, make_optimizer, make_train_step
   from jaxreplay.rollout import empty_rollout
+  from jaxreplay.rl.scoring import micro_batch_rows
   from jaxreplay.sampling.generate import _generate
+  from jaxreplay.train.drift import make_drift_fn
+  from jaxreplay.train.evaluate import _entropy_sum
+  from jaxreplay.train.generation import learner_behaviour_logprobs
   from jaxreplay.train.learner import make_learner_step
 
   if chip not in CHIPS:
@@ -222,17 +232,62 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
                             top_p=float(cfg.sampler.top_p), mesh=mesh).compile()
   t_sampler = time.time() - t0
 
-  lb, sb = _bytes(learner.memory_analysis()), _bytes(sampler.memory_analysis())
   state_bytes, buffer_bytes = _per_device_bytes(state), _per_device_bytes(buffer)
   params_bytes = _per_device_bytes(state.params)
   resident_not_in_sampler = state_bytes - params_bytes + buffer_bytes
-  peak = max(lb["total"], sb["total"] + resident_not_in_sampler)
+  programs = {"learner": (_bytes(learner.memory_analysis()), 0),
+              "sampler": (_bytes(sampler.memory_analysis()), resident_not_in_sampler)}
+
+  # The passes that score rollouts without gradients, in the learner's micro-batch rows
+  # and log-prob chunks; each runs while the rest of the train state and buffer stay.
+  t0 = time.time()
+  rows, chunk = micro_batch_rows(cfg.train.batch_size, cfg.algo), cfg.algo.logprob_chunk
+  temp, top_k = float(cfg.sampler.temperature), int(cfg.sampler.top_k)
+  top_p = float(cfg.sampler.top_p)
+  if cfg.rollout.behaviour_logprobs == "learner":
+    roll = jax.eval_shape(lambda: empty_rollout(r, p_width + m))
+    roll = placed(roll, jax.tree.map(
+        lambda x: sharding_lib.batch_sharding(mesh, x.ndim, r), roll))
+    rescore = learner_behaviour_logprobs.lower(
+        graphdef, state.params, roll, temperature=temp, top_k=top_k, top_p=top_p,
+        chunk=chunk, rows=rows).compile()
+    programs["rescoring"] = (_bytes(rescore.memory_analysis()), resident_not_in_sampler)
+  if cfg.drift.every:
+    version = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+    drift = make_drift_fn(graphdef, temp, cfg.drift.num_samples,
+                          tuple(cfg.algo.staleness_buckets), top_k, top_p, chunk, rows)
+    drift = drift.lower(state.params, buffer, key, version).compile()
+    programs["drift"] = (_bytes(drift.memory_analysis()), state_bytes - params_bytes)
+  # Held-out evaluation: the sampled pass's generate calls of up to eval.batch_rows rows, then
+  # the fresh-sample entropy of the same rows.
+  e = min(cfg.eval.batch_rows, cfg.eval.num_examples * cfg.eval.samples_per_example)
+  if cfg.eval.every and e:
+    eval_temp = float(cfg.eval.get("temperature") or cfg.sampler.temperature)
+    eval_top_p = float(cfg.eval.get("top_p") or cfg.sampler.top_p)
+    e_sh = sharding_lib.batch_sharding(mesh, 2, e)
+    e_prompts = jax.ShapeDtypeStruct((e, p_width), jnp.int32, sharding=e_sh)
+    e_mask = jax.ShapeDtypeStruct((e, p_width), jnp.bool_, sharding=e_sh)
+    e_gen = _generate.lower(graphdef, state.params, e_prompts, e_mask, key, max_new_tokens=m,
+                            temperature=eval_temp, eos_ids=(0,), pad_id=0, top_k=top_k,
+                            top_p=eval_top_p, mesh=mesh).compile()
+    programs["eval sampler"] = (_bytes(e_gen.memory_analysis()), resident_not_in_sampler)
+    e_tok = jax.ShapeDtypeStruct((e, m), jnp.int32, sharding=e_sh)
+    e_out = jax.ShapeDtypeStruct((e, m), jnp.bool_, sharding=e_sh)
+    e_ent = _entropy_sum.lower(graphdef, state.params, e_prompts, e_mask, e_tok, e_out,
+                               temperature=eval_temp, top_k=top_k, top_p=eval_top_p,
+                               logprob_chunk=chunk, rows=rows).compile()
+    programs["eval entropy"] = (_bytes(e_ent.memory_analysis()), resident_not_in_sampler)
+  t_scoring = time.time() - t0
+
+  peak = max(b["total"] + resident for b, resident in programs.values())
   hbm = CHIPS[chip]
-  return dict(learner=lb, sampler=sb, state_bytes=state_bytes, buffer_bytes=buffer_bytes,
+  return dict(**{name: b for name, (b, _) in programs.items()},
+              programs={name: b["total"] + res for name, (b, res) in programs.items()},
+              state_bytes=state_bytes, buffer_bytes=buffer_bytes,
               params_bytes=params_bytes, sampler_resident=resident_not_in_sampler,
               peak=peak, hbm=hbm, fits=peak <= (1 - HEADROOM) * hbm, mesh=mesh_shape,
               n_params=sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params)),
-              compile_s=(t_learner, t_sampler), model=tcfg)
+              compile_s=(t_learner, t_sampler, t_scoring), model=tcfg)
 
 
 def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
@@ -250,22 +305,22 @@ def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
       f"num_minibatches={cfg.algo.num_minibatches}, grad_accum_steps="
       f"{cfg.algo.get('grad_accum_steps', 1)}, logprob_chunk={cfg.algo.get('logprob_chunk', 0)}; "
       f"sampler: {cfg.rollout.per_step} rollouts",
-      "per device, GB        args      out  aliased     temp    total",
+      "per device, GB        args      out  aliased     temp    total   +resident",
   ]
-  for name in ("learner", "sampler"):
+  for name, with_resident in result["programs"].items():
     r = result[name]
     lines.append(f"  {name:<12} {gb(r['args'])} {gb(r['out'])} {gb(r['alias'])} "
-                 f"{gb(r['temp'])} {gb(r['total'])}")
+                 f"{gb(r['temp'])} {gb(r['total'])}   {gb(with_resident)}")
   lines += [
       f"  train state {gb(result['state_bytes']).strip()} GB (parameters "
       f"{gb(result['params_bytes']).strip()}), buffer {gb(result['buffer_bytes']).strip()} GB",
-      f"  resident while sampling, not among the sampler's arguments: "
-      f"{gb(result['sampler_resident']).strip()} GB",
+      f"  +resident: total + the state and buffer not among the program's arguments "
+      f"(sampler: {gb(result['sampler_resident']).strip()} GB)",
       f"peak per device: {result['peak'] / 1e9:.2f} GB of {result['hbm'] / 1e9:.0f} GB "
       f"({100 * result['peak'] / result['hbm']:.0f}%); fits with {HEADROOM:.0%} headroom "
       f"(<= {(1 - HEADROOM) * result['hbm'] / 1e9:.1f} GB): {'yes' if result['fits'] else 'NO'}",
       f"compile on CPU: learner {result['compile_s'][0]:.0f}s, sampler "
-      f"{result['compile_s'][1]:.0f}s",
+      f"{result['compile_s'][1]:.0f}s, scoring and evaluation {result['compile_s'][2]:.0f}s",
   ]
   return "\n".join(lines)
 

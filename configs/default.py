@@ -117,7 +117,10 @@ def get_config():
   # Held-out evaluation: greedy and sampled accuracy, pass@k (k = 1, 2, 4, ... up to
   # samples_per_example), length and fresh-sample entropy; temperature and top_p unset: the
   # sampler's.
+  # batch_rows: rows per generate call (and entropy pass); its KV cache and logits set
+  # evaluation's memory (bench/memory_plan.py).
   c.eval = config_dict.ConfigDict(dict(every=25, num_examples=1000, samples_per_example=4,
+                                       batch_rows=1024,
                                        temperature=config_dict.placeholder(float),
                                        top_p=config_dict.placeholder(float)))
   # Drift monitor: every ``every`` steps (0 = off) score ``num_samples`` buffer items under

@@ -20,14 +20,19 @@ Memory (bf16 compute, float32 parameters and Adam state): layers scanned with fu
 rematerialisation, log-probs over the vocabulary in chunks of 128 positions, gradients
 accumulated over 4 micro-batches of 16 rows. ``bench/memory_plan.py --config
 configs/qwen2_5_0_5b.py --devices 1 --chip h100`` (XLA:CPU's memory analysis of the compiled
-learner step and sampler; not measured on a GPU):
-  per device, GB        args      out  aliased     temp    total
-    learner          5.93     5.93     5.93    11.34    17.27
-    sampler          1.98     0.00     0.00     4.20     6.18
+learner step, sampler, rescoring, drift monitor and evaluation; not measured on a GPU):
+  per device, GB        args      out  aliased     temp    total   +resident
+    learner          5.93     5.93     5.93    11.34    17.27      17.27
+    sampler          1.98     0.00     0.00     4.20     6.18      10.13
+    rescoring        1.98     0.00     0.00     2.51     4.48       8.44
+    drift            1.98     0.00     0.00     2.51     4.49       8.44
+    eval sampler     1.98     0.00     0.00    15.01    16.99      20.95
+    eval entropy     1.98     0.00     0.00     5.66     7.64      11.59
     train state 5.93 GB (parameters 1.98), buffer 0.00 GB
-    resident while sampling, not among the sampler's arguments: 3.95 GB
-  peak per device: 17.27 GB of 80 GB (22%); fits with 20% headroom (<= 64.0 GB): yes
-  (peak 17.3 GB: also within 80% of a 24 GB GPU, 19.2 GB; not of a 16 GB one.)
+    +resident: total + the state and buffer not among the program's arguments (sampler: 3.95 GB)
+  peak per device: 20.95 GB of 80 GB (26%); fits with 20% headroom (<= 64.0 GB): yes
+  (peak 21.0 GB: within 80% of a 32 GB GPU, 25.6 GB, not of a 24 GB one; there, lower
+  eval.batch_rows.)
 """
 
 from jaxreplay.config import sibling_config
@@ -57,6 +62,6 @@ def get_config():
                 eps_low=0.2, eps_high=0.2, num_minibatches=1, grad_accum_steps=4,
                 logprob_chunk=128)
   c.eval.update(every=25, num_examples=256, samples_per_example=4, temperature=0.1,
-                top_p=0.95)
+                top_p=0.95, batch_rows=256)
   c.checkpoint.update(every=25, max_to_keep=2)
   return c

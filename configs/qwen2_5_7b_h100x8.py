@@ -10,14 +10,20 @@ learning rate: Adam at a constant 6.8e-8.
 Layout: parameters and Adam state (float32, ~91 GB in all) fully sharded over the 8 GPUs
 (mesh fsdp = 8), bf16 compute, layers scanned with full rematerialisation, log-probs over
 the vocabulary in chunks of 256 positions, gradients accumulated over 8 micro-batches of
-8 rows (one per GPU). The drift monitor is off: it scores buffer items without chunking.
+8 rows (one per GPU); the rescoring of behaviour log-probs, the drift monitor (64 items
+every 10 steps) and the held-out entropy score in those rows and chunks too.
 ``bench/memory_plan.py --config configs/qwen2_5_7b_h100x8.py --devices 8 --chip h100``
-(XLA:CPU's memory analysis of the compiled learner step and sampler; not measured on a GPU):
-  per device, GB        args      out  aliased     temp    total
-    learner         11.43    11.43    11.43    17.75    29.18
-    sampler          3.81     0.00     0.00     7.38    11.19
+(XLA:CPU's memory analysis of the compiled learner step, sampler, rescoring, drift
+monitor and evaluation; not measured on a GPU):
+  per device, GB        args      out  aliased     temp    total   +resident
+    learner         11.43    11.43    11.43    17.75    29.18      29.18
+    sampler          3.81     0.00     0.00     7.38    11.19      18.81
+    rescoring        3.81     0.00     0.00     3.75     7.55      15.18
+    drift            3.81     0.00     0.00     5.77     9.58      17.20
+    eval sampler     3.81     0.00     0.00    13.83    17.64      25.26
+    eval entropy     3.81     0.00     0.00     3.75     7.56      15.18
     train state 11.43 GB (parameters 3.81), buffer 0.00 GB
-    resident while sampling, not among the sampler's arguments: 7.62 GB
+    +resident: total + the state and buffer not among the program's arguments (sampler: 7.62 GB)
   peak per device: 29.18 GB of 80 GB (36%); fits with 20% headroom (<= 64.0 GB): yes
 (``--chip h200``: the same 29.18 GB of 141 GB.)
 """
@@ -32,7 +38,7 @@ def get_config():
   c.task.prompt_width = 384
   c.algo.update(lr=6.8e-8, grad_accum_steps=8, logprob_chunk=256)
   c.mesh.update(data=1, fsdp=-1, tensor=1)
-  c.drift.every = 0
+  c.drift.update(every=10, num_samples=64)  # a quarter of the buffer, 8 rows at a time
   c.eval.update(every=50, num_examples=512)
   c.checkpoint.update(every=25, max_to_keep=3)
   return c

@@ -6,13 +6,18 @@ Everything as ``configs/qwen2_5_7b_h100x8.py`` (the paper's settings, Adam at a 
 (fsdp spans every device, so larger slices shard further), gradients accumulated over 16
 micro-batches of 4 rows (one per chip).
 ``bench/memory_plan.py --config configs/qwen2_5_7b_v5p.py --devices 4 --chip v5p``
-(XLA:CPU's memory analysis of the compiled learner step and sampler; not measured on a TPU):
-  per device, GB        args      out  aliased     temp    total
-    learner         22.85    22.85    22.85    20.79    43.64
-    sampler          7.62     0.00     0.00     9.53    17.14
+(XLA:CPU's memory analysis of the compiled learner step, sampler, rescoring, drift
+monitor and evaluation; not measured on a TPU):
+  per device, GB        args      out  aliased     temp    total   +resident
+    learner         22.85    22.85    22.85    20.79    43.64      43.64
+    sampler          7.62     0.00     0.00     9.53    17.14      32.38
+    rescoring        7.62     0.00     0.00     2.51    10.13      25.37
+    drift            7.62     0.00     0.00     3.46    11.08      26.32
+    eval sampler     7.62     0.00     0.00    22.43    30.05      45.28
+    eval entropy     7.62     0.00     0.00     2.51    10.13      25.37
     train state 22.85 GB (parameters 7.62), buffer 0.00 GB
-    resident while sampling, not among the sampler's arguments: 15.24 GB
-  peak per device: 43.64 GB of 95 GB (46%); fits with 20% headroom (<= 76.0 GB): yes
+    +resident: total + the state and buffer not among the program's arguments (sampler: 15.24 GB)
+  peak per device: 45.28 GB of 95 GB (48%); fits with 20% headroom (<= 76.0 GB): yes
 """
 
 from jaxreplay.config import sibling_config

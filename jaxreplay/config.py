@@ -355,6 +355,8 @@ def validate(cfg, device_count: int | None = None, process_count: int | None = N
       _fail("drift.every", cfg.drift.every, "must be >= 0 (0 = off)")
     if cfg.drift.every and cfg.drift.num_samples < 1:
       _fail("drift.num_samples", cfg.drift.num_samples, "must be >= 1")
+  if cfg.eval.batch_rows < 1:
+    _fail("eval.batch_rows", cfg.eval.batch_rows, "must be >= 1 (rows per generate call)")
   if cfg.eval.num_examples < 1:
     _fail("eval.num_examples", cfg.eval.num_examples, "must be >= 1 (held-out examples scored)")
   spe = cfg.eval.samples_per_example

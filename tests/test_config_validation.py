@@ -82,6 +82,9 @@ def test_fsdp_counts_towards_the_batch_split():
     ("sampler.temperature", -0.5, r"config.sampler.temperature=-0.5 is invalid: must be > 0"),
     ("sampler.temperature", 0.0, r"config.sampler.temperature=0.0 is invalid: must be > 0"),
     ("checkpoint.max_to_keep", 0, r"config.checkpoint.max_to_keep=0 is invalid: must be >= 1"),
+    ("rollout.behaviour_logprobs", "learnr", r"config.rollout.behaviour_logprobs='learnr' is "
+                                             r"invalid: must be one of sampler, learner"),
+    ("eval.batch_rows", 0, r"config.eval.batch_rows=0 is invalid: must be >= 1"),
 ])
 def test_range_checks(field, value, match):
   c = _default(**{field: value})

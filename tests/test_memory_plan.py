@@ -35,6 +35,8 @@ def tiny_config():
   c.buffer.capacity = 32
   c.train.update(batch_size=16, steps=100)
   c.algo.update(grad_accum_steps=2, logprob_chunk=4, staleness_buckets=(0,))
+  c.rollout.behaviour_logprobs = "learner"
+  c.eval.batch_rows = 32
   return c
 
 
@@ -53,7 +55,11 @@ def test_plan_of_a_tiny_config_on_eight_devices():
               for x in jax.tree.leaves(hf.abstract_model(result["model"])[1]))
   assert result["params_bytes"] < whole / 3  # fsdp × tensor = 4 ways, norms replicated
   assert sampler["args"] >= result["params_bytes"] and sampler["temp"] > 0
-  assert result["peak"] == max(learner["total"], sampler["total"] + result["sampler_resident"])
+  assert result["programs"]["sampler"] == sampler["total"] + result["sampler_resident"]
+  # Every program the config runs is compiled, its scoring passes in the learner's rows.
+  assert set(result["programs"]) == {"learner", "sampler", "rescoring", "drift",
+                                     "eval sampler", "eval entropy"}
+  assert result["peak"] == max(result["programs"].values())
   assert result["fits"] and result["peak"] < 0.8 * 16e9
   text = mp.report(result, cfg, "tiny", 8, "v5e")
   assert "fits with 20% headroom" in text and "yes" in text.splitlines()[-2]

@@ -205,6 +205,7 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
                                   correct_threshold=cfg.buffer.correct_threshold,
                                   top_k=cfg.sampler.top_k,
                                   top_p=cfg.eval.get("top_p") or cfg.sampler.top_p,
+                                  chunk=cfg.eval.batch_rows,
                                   mesh=mesh, logprob_chunk=cfg.algo.logprob_chunk,
                                   score_rows=score_rows)
 
