@@ -204,6 +204,18 @@ def test_a_worker_that_dies_or_hangs_mid_call_costs_that_reward_only(faulty_pool
   assert faulty_pool.stats.restarts == 3
 
 
+def test_a_worker_killed_while_starting_is_replaced():
+  pool = Scorer(FaultyReward(), workers=1, timeout_s=TIMEOUT_S)
+  try:
+    pool._pool.append(pool._start_worker())  # still importing: not ready for ~0.1 s
+    pid = pool.kill_worker(0)
+    rewards, failures = pool(["ok", "no", "ok"], [None] * 3)
+    np.testing.assert_array_equal(rewards, [1, 0, 1])
+    assert failures == 0 and pid not in pool.pids and pool.stats.restarts == 1
+  finally:
+    pool.close()
+
+
 def test_in_process_scoring_matches_the_pool_and_refuses_a_pool_without_timeout(math_pool):
   ex = Example("q", "\\frac{1}{2}", gold=parse_gold("\\frac{1}{2}"))
   texts = [c for _, c, _ in FORMS[:12]]

@@ -41,6 +41,9 @@ import numpy as np
 # Seconds a new worker may take to import the reward function's modules (sympy and
 # math-verify take 1-3 s on a quiet 2-core machine; much longer when it is loaded).
 STARTUP_TIMEOUT_S = 300.0
+# Workers of one call killed by a signal while starting that are replaced; one more stops
+# the run (something kills every new worker, e.g. too little memory for the pool).
+MAX_START_KILLS = 3
 _READY = b"ready"
 # Items sent to a worker at once: fewer round trips (each a context switch on both sides),
 # and at most this many re-sent when the worker is replaced.
@@ -139,6 +142,11 @@ class Scorer:
       worker calls it before taking work, so slow imports do not count against a timeout.
     workers: K >= 0 processes. timeout_s: per-call limit in seconds; 0 or None: none (only
       with ``workers=0``).
+
+  A worker killed by a signal (mid-call, idle, or still starting) is replaced, and the
+  call goes on; a call raises ``RuntimeError`` when a worker exits by itself while
+  starting (an import error would repeat), when more than ``MAX_START_KILLS`` are killed
+  while starting, or when one takes over ``STARTUP_TIMEOUT_S`` to start.
 
   Raises:
     ValueError: ``workers < 0``, or ``workers >= 1`` without a positive timeout (a stuck
@@ -280,8 +288,15 @@ class Scorer:
         except (EOFError, OSError):
           if not w.ready:
             code = w.proc.wait()
-            raise RuntimeError(f"a scoring worker exited with code {code} while starting "
-                               "(its stderr is above)") from None
+            # Killed by a signal (the OOM killer, an operator) is replaced like a crash in
+            # a call; exiting by itself (an import error) would repeat, so it stops the run.
+            counts["start_kills"] += 1
+            if code >= 0 or counts["start_kills"] > MAX_START_KILLS:
+              raise RuntimeError(f"a scoring worker exited with code {code} while starting "
+                                 "(its stderr is above)") from None
+            counts["restarts"] += 1
+            self._replace(w)
+            continue
           fail_first(w, "crashes")
           continue
         if not w.ready:
