@@ -150,3 +150,15 @@ def test_environment_cause_classification():
   assert ckpt.environment_cause(OSError(errno.ENOSPC, "No space left")) == "OSError ENOSPC"
   assert ckpt.environment_cause(MemoryError()) == "out of memory"
   assert ckpt.environment_cause(RuntimeError("PERMISSION_DENIED: 403")) == "PERMISSION_DENIED"
+
+
+def test_a_field_the_checkpoints_config_lacks_resumes_only_at_the_value_it_behaved_as():
+  from jaxreplay.train.checkpoint import config_changes
+  saved = {"rollout": {"per_step": 128}, "eval": {"every": 25}, "train": {"steps": 10}}
+  current = {"rollout": {"per_step": 128, "behaviour_logprobs": "sampler"},
+             "eval": {"every": 50, "batch_rows": 1024}, "train": {"steps": 20}}
+  assert config_changes(saved, current) == []  # eval.every and train.steps are resumable
+  current["rollout"]["behaviour_logprobs"] = "learner"
+  current["eval"]["batch_rows"] = 256
+  assert config_changes(saved, current) == ["eval.batch_rows: None -> 256",
+                                            "rollout.behaviour_logprobs: None -> 'learner'"]

@@ -373,9 +373,27 @@ def _flatten(d: dict, prefix: str = "") -> dict:
   return out
 
 
+# Fields a checkpoint's config may lack because its code had no such field, each with the
+# value that behaves as that code did: at this value the run resumes; at another, it is a
+# change like any other.
+BEHAVES_AS_ABSENT = {"rollout.behaviour_logprobs": "sampler", "eval.batch_rows": 1024}
+
+
 def config_changes(saved: dict, current: dict) -> list[str]:
-  """Fields whose values differ between a checkpoint's config and the current one,
-  ignoring ``RESUMABLE_PREFIXES``; each as ``"field: saved -> current"``."""
+  """Fields whose values differ between a checkpoint's config and the current one.
+
+  Ignores ``RESUMABLE_PREFIXES``, and a field absent from ``saved`` whose current value is
+  its ``BEHAVES_AS_ABSENT`` value.
+
+  Args:
+    saved, current: nested config dicts (``ConfigDict.to_json_best_effort``, parsed).
+
+  Returns:
+    ``"field: saved -> current"`` strings, sorted by field; empty if the run may resume.
+  """
   a, b = _flatten(saved), _flatten(current)
+  for k, v in BEHAVES_AS_ABSENT.items():
+    if k not in a and b.get(k) == v:
+      a[k] = v
   return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
           if a.get(k) != b.get(k) and not k.startswith(RESUMABLE_PREFIXES)]
