@@ -28,7 +28,7 @@ Models:
     tokens. Random weights give near-uniform next-token distributions, unlike a trained
     checkpoint's: a statement about the numerics at these shapes, not about Qwen.
 
-Usage: python bench/bf16_ratio.py [--config configs/default.py] [--rows 256]
+Usage: python bench/bf16_ratio.py [--config configs/default.py] [--rows 256] [--set KEY=VALUE]
        python bench/bf16_ratio.py --qwen_shapes --rows 8 --prompt 32 --new 32 --layers 4
 """
 
@@ -122,12 +122,14 @@ def with_numerics(graphdef, params, dtype: str, param_dtype: str):
   return new_def, jax.tree.map(lambda a: a.astype(param_dtype), params)
 
 
-def builtin_policy(config_path: str, rows: int):
-  """(graphdef, float32 params, prompt tokens, mask, eos ids, pad id, M, temperature)."""
-  from jaxreplay.config import load_config
+def builtin_policy(config_path: str, rows: int, overrides=()):
+  """(graphdef, float32 params, prompt tokens, mask, eos ids, pad id, M, temperature) of the
+  config's builtin model, warm-started (cached), with ``KEY=VALUE`` ``overrides``."""
+  from jaxreplay.config import apply_overrides, load_config
   from jaxreplay.tasks.registry import make_task
   from jaxreplay.train.build import load_policy
   cfg = load_config(config_path)
+  apply_overrides(cfg, overrides)
   task = make_task(cfg.task)
   io, graphdef, params, _ = load_policy(cfg, task, log=lambda *a: None)
   examples = [task.train[i % len(task.train)] for i in range(rows)]
@@ -149,6 +151,9 @@ def qwen_policy(rows: int, prompt: int, layers: int, seed: int = 0):
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--config", default="configs/default.py")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="config override, e.g. model.n_layers=12 (repeatable; a new model is "
+                      "warm-started and cached on first use)")
   p.add_argument("--qwen_shapes", action="store_true")
   p.add_argument("--layers", type=int, default=24, help="--qwen_shapes: decoder layers")
   p.add_argument("--prompt", type=int, default=32, help="--qwen_shapes: prompt tokens")
@@ -166,8 +171,10 @@ def main():
     print(f"random decoder at Qwen2.5-0.5B shapes, {a.layers} layers; {a.rows} rows of "
           f"{a.prompt} prompt + {m} sampled tokens")
   else:
-    graphdef, params, toks, mask, eos, pad, m, temp = builtin_policy(a.config, a.rows)
-    print(f"{a.config}: warm-started builtin policy, {a.rows} task prompts, up to {m} tokens")
+    graphdef, params, toks, mask, eos, pad, m, temp = builtin_policy(a.config, a.rows, a.set)
+    mc = nnx.merge(graphdef, params).cfg
+    print(f"{a.config} {' '.join(a.set)}: warm-started builtin policy ({mc.n_layers} layers x "
+          f"{mc.d_model}), {a.rows} task prompts, up to {m} tokens")
   temp = a.temperature if a.temperature is not None else temp
   cols = ("tokens", "entropy", "std", "max_abs", "q0.001", "q0.01", "q0.5", "q0.99", "q0.999",
           "out_of_clip", "kl_k3", "seq_std")

@@ -35,7 +35,6 @@ picks a published ``config.json`` from ``ARCHS``.
 from __future__ import annotations
 
 import argparse
-import ast
 import copy
 import dataclasses
 import os
@@ -74,20 +73,6 @@ def _parse(argv):
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="config override, e.g. algo.grad_accum_steps=8 (repeatable)")
   return p.parse_args(argv)
-
-
-def _apply_overrides(cfg, pairs):
-  for pair in pairs:
-    key, _, raw = pair.partition("=")
-    try:
-      value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-      value = raw
-    node = cfg
-    *parents, leaf = key.split(".")
-    for name in parents:
-      node = node[name]
-    node[leaf] = value
 
 
 def model_config(cfg, config_path: str = "", arch: str = ""):
@@ -332,9 +317,9 @@ def main(argv=None) -> int:
                              ).strip()
   os.environ["JAX_PLATFORMS"] = "cpu"
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  from jaxreplay.config import load_config
+  from jaxreplay.config import apply_overrides, load_config
   cfg = load_config(args.config)
-  _apply_overrides(cfg, args.set)
+  apply_overrides(cfg, args.set)
   mesh = tuple(int(x) for x in args.mesh.split(",")) if args.mesh else None
   result = plan(cfg, args.devices, args.chip, mesh, args.config, args.arch)
   print(report(result, cfg, args.config, args.devices, args.chip))

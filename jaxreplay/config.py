@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib.util
 import os
@@ -30,6 +31,29 @@ def load_config(path: str):
 def sibling_config(file: str, name: str):
   """The config ``NAME.py`` next to ``file`` — how presets build on ``configs/default.py``."""
   return load_config(os.path.join(os.path.dirname(os.path.abspath(file)), name + ".py"))
+
+
+def apply_overrides(cfg, pairs) -> None:
+  """Sets ``KEY=VALUE`` overrides on ``cfg`` in place — the scripts' form of ``--config.KEY=VALUE``.
+
+  Args:
+    cfg: a ConfigDict tree. pairs: strings ``"section.field=value"``; the value is read as a
+      Python literal (``8``, ``1e-4``, ``True``, ``(0, 1)``), else kept as a string.
+
+  Raises:
+    KeyError / AttributeError: an unknown section or field (ConfigDict names it).
+  """
+  for pair in pairs:
+    key, _, raw = pair.partition("=")
+    try:
+      value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+      value = raw
+    node = cfg
+    *parents, leaf = key.split(".")
+    for name in parents:
+      node = node[name]
+    node[leaf] = value
 
 
 MODEL_SOURCES = ("builtin", "hf")
