@@ -85,8 +85,9 @@ def learner_behaviour_logprobs(graphdef, params, rollout: Rollout, *, temperatur
   bfloat16, so with the sampler's log-probs the importance ratio of a fresh rollout at
   the very parameters that generated it is not exactly 1 (``bench/bf16_ratio.py``
   measures the spread). Scoring the stored tokens with the learner's own function
-  (``scoring.token_logprobs_by_rows``, the same chunking and micro-batch rows as the
-  train step) before insertion makes it exactly 1, so the clip range and truncation act
+  (``scoring.token_logprobs_by_rows``: the train step's log-prob chunks and, with gradient
+  accumulation, its micro-batch rows — the shapes its forward runs at) before insertion
+  makes it exactly 1 (``tests/test_bf16_ratio.py``), so the clip range and truncation act
   on policy change alone; the sampler-vs-learner difference is reported, not corrected
   (cf. the recompute of verl's ``old_log_prob``; Yao et al. 2025, "Your efficient RL
   framework secretly brings you off-policy RL training", weight it by truncated IS).
