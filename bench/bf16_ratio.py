@@ -22,7 +22,7 @@ comparing (``rollout.behaviour_logprobs = "learner"``), which must give x = 0 ex
 
 Models:
   ``--config PATH`` (default ``configs/default.py``): the config's builtin model with its
-    cached warm-started base policy (trained on first use, ~1 min) and the task's prompts.
+    cached warm-started base policy (trained on first use, ~2 min here) and the task's prompts.
   ``--qwen_shapes``: a randomly initialised decoder at Qwen2.5-0.5B's shapes (24 × 896,
     14/2 heads, SwiGLU 4864, vocab 151,936; ``--layers`` to shorten it) on random prompt
     tokens. Random weights give near-uniform next-token distributions, unlike a trained

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -55,8 +57,19 @@ def _parse_flags(argv):
   try:
     rest = flags.FLAGS(argv)
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
-    msg = str(e).replace("\\n", " ").replace("\n", " ").strip("'\"")
-    raise SystemExit(f"jaxreplay: bad command line: {msg}") from None
+    # KeyError's str() is a repr (quotes, escapes): the message itself is its first arg.
+    msg = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
+    msg = " ".join(msg.replace("\\n", " ").split())
+    if len(msg) > 1 and msg[0] == msg[-1] and msg[0] in "'\"":  # a KeyError's repr, nested
+      try:
+        msg = ast.literal_eval(msg)
+      except (ValueError, SyntaxError):
+        msg = msg[1:-1]
+    # Name the override the message is about (absl's messages give only the leaf field).
+    named = [a.split("=")[0][2:] for a in argv[1:] if a.startswith("--config.")
+             and a.split("=")[0].rsplit(".", 1)[-1] in msg]
+    where = f"{named[0]}: " if named else ""
+    raise SystemExit(f"jaxreplay: bad command line: {where}{msg}") from None
   if len(rest) > 1:  # e.g. a config path given without --config: never run the default
     raise SystemExit(f"jaxreplay: unexpected argument(s) {' '.join(rest[1:])!r}; pass the "
                      "config file as --config PATH and overrides as --config.FIELD=VALUE")
