@@ -7,13 +7,12 @@ fresh rollouts get ratios ≠ 1 with no parameter change, while float32 agrees t
 then sees ratio exactly 1."""
 
 import dataclasses
-import importlib.util
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import load_bench
 from flax import nnx
 
 from jaxreplay.models.transformer import Transformer, TransformerConfig
@@ -23,18 +22,13 @@ from jaxreplay.rollout import Rollout
 from jaxreplay.sampling import generate
 from jaxreplay.train.generation import learner_behaviour_logprobs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = TransformerConfig(vocab_size=97, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                         head_dim=16, d_ff=128)
 B, P, M = 8, 6, 10
 
 
 def _bench():
-  spec = importlib.util.spec_from_file_location("bf16_ratio",
-                                                os.path.join(ROOT, "bench", "bf16_ratio.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_bench("bf16_ratio")
 
 
 @pytest.fixture(scope="module")

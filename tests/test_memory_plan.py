@@ -1,13 +1,13 @@
-"""``bench/memory_plan.py`` on a tiny config (so it cannot rot): it compiles the learner step
-and the sampler on a fake 8-device mesh from abstract inputs, its per-device argument bytes
+"""``bench/memory_plan.py`` on a tiny config (so it cannot rot): it compiles the learner step,
+the sampler, the rescoring, drift and evaluation passes on a fake 8-device mesh from abstract inputs, its per-device argument bytes
 are the sharded train state and buffer, and the fit verdict follows the chip's HBM."""
 
-import importlib.util
 import os
 
 import jax
 import numpy as np
 import pytest
+from conftest import load_bench
 
 from jaxreplay.config import load_config
 from jaxreplay.models import hf
@@ -16,11 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _module():
-  spec = importlib.util.spec_from_file_location("memory_plan",
-                                                os.path.join(ROOT, "bench", "memory_plan.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_bench("memory_plan")
 
 
 def tiny_config():
