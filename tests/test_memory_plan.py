@@ -1,6 +1,7 @@
-"""``bench/memory_plan.py`` on a tiny config (so it cannot rot): it compiles the learner step,
-the sampler, the rescoring, drift and evaluation passes on a fake 8-device mesh from abstract inputs, its per-device argument bytes
-are the sharded train state and buffer, and the fit verdict follows the chip's HBM."""
+"""``bench/memory_plan.py`` on a tiny config (so it cannot rot): it compiles the learner
+step, the sampler, the rescoring, drift and evaluation passes on a fake 8-device mesh from
+abstract inputs, its per-device argument bytes are the sharded train state and buffer, and
+the fit verdict follows the chip's HBM."""
 
 import os
 
