@@ -12,6 +12,8 @@ handle without graph bookkeeping. The cache update is one ``dynamic_update_slice
 into the whole ``[L, B, K, S, E]`` buffer per layer, which XLA performs in place
 inside a ``while_loop``. Keys are stored head-major (K before S): decode attention then
 reads contiguous [S, E] panels per head, about 2x faster on a CPU than [S, K, E].
+Full sequences and prefill attend with ``jax.nn.dot_product_attention`` (a fused kernel
+where the backend has one); ``hidden`` also scores packed rows of several sequences.
 
 Shape letters: B batch, T query length, S key/cache length, D model width,
 H query heads, K key/value heads, G = H/K, E head dim, V vocabulary, F MLP width,
@@ -316,8 +318,14 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(e, cfg.norm_eps, cfg.param_dtype)
     self.cfg = cfg
 
-  def project(self, x: jax.Array, positions: jax.Array):
-    """q [B, T, H, E], k and v [B, K, T, E] for inputs x [B, T, D] (RoPE applied to q, k)."""
+  def project(self, x: jax.Array, positions: jax.Array, head_major: bool = True):
+    """Queries, keys and values of inputs x [B, T, D] at ``positions`` [B, T] int32.
+
+    Returns:
+      (q [B, T, H, E], k, v) with RoPE applied to q and k; k and v are [B, K, T, E] with
+      ``head_major`` (the cache layout), else [B, T, K, E] (the full-sequence layout,
+      which ``jax.nn.dot_product_attention`` reads without a transpose). Activation dtype.
+    """
     b, t, _ = x.shape
     c = self.cfg
     q = self.q(x).reshape(b, t, c.n_heads, c.head_dim)
@@ -326,20 +334,43 @@ class Attention(nnx.Module):
     if c.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     k = rope(k, positions, c)
-    return rope(q, positions, c), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    if head_major:
+      k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    return rope(q, positions, c), k, v
 
-  def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Softmax attention of q [B, T, H, E] over k, v [B, K, S, E] under mask [B, T, S] → [B, T, D]."""
+  def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+             head_major: bool = True) -> jax.Array:
+    """Softmax attention (Vaswani et al. 2017, eq. 1) followed by the output projection.
+
+    Runs ``jax.nn.dot_product_attention`` (GQA native; XLA's implementation on CPU, a fused
+    kernel where the backend selects one), which takes keys sequence-major: head-major
+    keys are transposed first. A single query (T = 1, a decode step) instead reads the
+    head-major cache directly with an einsum: its logits are only [B, H, 1, S], and a
+    transpose would copy the whole cache at every step. Logits and softmax in float32.
+
+    Args:
+      q: [B, T, H, E]. k, v: [B, K, S, E] with ``head_major``, else [B, S, K, E].
+      mask: [B, T, S] bool, True where query t may attend to key s.
+
+    Returns:
+      [B, T, D] in the activation dtype.
+    """
     b, t = q.shape[:2]
     c = self.cfg
-    g = c.n_heads // c.n_kv_heads
-    q = q.reshape(b, t, c.n_kv_heads, g, c.head_dim)
-    logits = jnp.einsum("btkge,bkse->bkgts", q, k,
-                        preferred_element_type=jnp.float32) * c.head_dim ** -0.5
-    logits = jnp.where(mask[:, None, None, :, :], logits, -1e30)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    y = jnp.einsum("bkgts,bkse->btkge", probs, v).reshape(b, t, c.n_heads * c.head_dim)
-    return self.o(y)
+    if head_major and t == 1:
+      g = c.n_heads // c.n_kv_heads
+      qg = q.reshape(b, t, c.n_kv_heads, g, c.head_dim)
+      logits = jnp.einsum("btkge,bkse->bkgts", qg, k,
+                          preferred_element_type=jnp.float32) * c.head_dim ** -0.5
+      logits = jnp.where(mask[:, None, None, :, :], logits, -1e30)
+      probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+      y = jnp.einsum("bkgts,bkse->btkge", probs, v)
+    else:
+      if head_major:
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+      y = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype),
+                                       mask=mask[:, None], scale=c.head_dim ** -0.5)
+    return self.o(y.reshape(b, t, c.n_heads * c.head_dim))
 
 
 class MLP(nnx.Module):
@@ -367,8 +398,8 @@ class Block(nnx.Module):
 
   def __call__(self, x, positions, mask):
     """One block over the whole sequence: x [B, T, D] -> [B, T, D]; mask [B, T, T] bool."""
-    q, k, v = self.attn.project(self.attn_norm(x), positions)
-    return self._attend_and_mlp(x, q, k, v, mask)
+    q, k, v = self.attn.project(self.attn_norm(x), positions, head_major=False)
+    return self._attend_and_mlp(x, q, k, v, mask, head_major=False)
 
   def decode(self, x, positions, mask, ck, cv, layer: int, cache_index):
     """One block against the KV cache.
@@ -388,8 +419,8 @@ class Block(nnx.Module):
     cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], at)
     return self._attend_and_mlp(x, q, ck[layer], cv[layer], mask), ck, cv
 
-  def _attend_and_mlp(self, x, q, k, v, mask):
-    x = x + self.attn.attend(q, k, v, mask)
+  def _attend_and_mlp(self, x, q, k, v, mask, head_major=True):
+    x = x + self.attn.attend(q, k, v, mask, head_major)
     return x + self.mlp(self.mlp_norm(x))
 
 
@@ -446,12 +477,21 @@ class Transformer(nnx.Module):
   def _embed(self, tokens):
     return self.embed(tokens).astype(self.cfg.dtype)
 
-  def _trunk(self, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-    """The blocks over full sequences: tokens [B, T] int32, mask [B, T] bool -> [B, T, D]."""
+  def _trunk(self, tokens: jax.Array, mask: jax.Array, segment_ids: jax.Array | None = None,
+             positions: jax.Array | None = None) -> jax.Array:
+    """The blocks over full sequences: tokens [B, T] int32, mask [B, T] bool -> [B, T, D].
+
+    With ``segment_ids`` [B, T] int32 a query attends only to keys of its own segment
+    (packed sequences, ``hidden``); ``positions`` [B, T] int32 default to
+    ``positions_from_mask(mask)``.
+    """
     t = tokens.shape[1]
-    positions = positions_from_mask(mask)
+    if positions is None:
+      positions = positions_from_mask(mask)
     causal = jnp.tril(jnp.ones((t, t), bool))
     attn_mask = causal[None] & mask[:, None, :]
+    if segment_ids is not None:
+      attn_mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
     x = self._embed(tokens)
     remat = self.cfg.remat != "none"
     if self.cfg.scan_layers:
@@ -485,16 +525,28 @@ class Transformer(nnx.Module):
     """
     return self._logits(self._trunk(tokens, mask))
 
-  def hidden(self, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+  def hidden(self, tokens: jax.Array, mask: jax.Array, segment_ids: jax.Array | None = None,
+             positions: jax.Array | None = None) -> jax.Array:
     """Final-normed hidden states: ``project_logits(hidden(tokens, mask))`` is the logits.
 
+    Packed sequences (``jaxreplay.rl.packing``): several sequences share a row, each a
+    contiguous run of one ``segment_ids`` value; a token attends causally to the earlier
+    tokens of its own segment only, and ``positions`` restart at 0 in each segment. A
+    segment's hidden states then equal those of the same sequence alone in a row (up to
+    float rounding: the reductions run over a different width).
+
     Args:
-      tokens: [B, T] int32. mask: [B, T] bool (as ``__call__``).
+      tokens: [B, T] int32. mask: [B, T] bool, True on real tokens (as ``__call__``).
+      segment_ids: optional [B, T] int32 segment of each token (any values; equal values
+        attend to each other, so padding may share one id that no real token uses).
+        None: one sequence per row.
+      positions: optional [B, T] int32 RoPE position ids; default
+        ``positions_from_mask(mask)`` (right for one sequence per row, not for packed rows).
 
     Returns:
-      [B, T, D] in the activation dtype; row t predicts token t+1.
+      [B, T, D] in the activation dtype; row t predicts token t+1 (of its segment).
     """
-    return self.final_norm(self._trunk(tokens, mask))
+    return self.final_norm(self._trunk(tokens, mask, segment_ids, positions))
 
   def step(self, tokens: jax.Array, positions: jax.Array, token_valid: jax.Array,
            cache: KVCache, cache_index: jax.Array, last_only: bool = False
