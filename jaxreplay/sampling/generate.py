@@ -1,4 +1,8 @@
-"""Generation with a KV cache: one jitted function, prefill then a ``while_loop`` decode.
+"""Generation: G completions per prompt from the decode engine, with behaviour log-probs.
+
+``generate`` validates the sampling settings and runs ``jaxreplay.sampling.engine`` (S
+decode slots refilled from the request queue, one prefill per prompt shared by its G
+samples, attention over the filled part of the cache).
 
 Sampling distribution: logits / temperature, then top-k, then top-p
 (``jaxreplay.models.logit_processing``; CASES.md case 7). ``temperature == 0`` is greedy.
@@ -18,16 +22,14 @@ temperature-1 log-probs in both.
 Stops: every id in ``eos_ids`` ends a row (CASES.md case 2); the stop token is kept in
 the mask; after it the row holds ``pad_id`` and log-prob 0.
 
-Sharding: with ``mesh``, prompts shard their batch axis over ``("data", "fsdp")``,
-parameters follow the partition rules (``jaxreplay.parallel``), and the KV cache is
-constrained to batch × kv-head sharding. Random bits do not depend on the layout
-(``jax_threefry_partitionable``), so the same key gives the same tokens on any mesh.
+Sharding: with ``mesh``, decode slots split over ``("data", "fsdp")``, parameters follow
+the partition rules (``jaxreplay.parallel``), and the KV cache's heads split over
+``"tensor"``. Random bits are keyed by request and step, so the same key gives the same
+tokens on any mesh and with any slot count.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 from typing import Sequence
 
 import flax.struct
@@ -35,12 +37,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec as P
 
-from jaxreplay.models.logit_processing import process_logits
-from jaxreplay.models.transformer import KVCache, init_cache, positions_from_mask
 from jaxreplay.parallel import multihost
-from jaxreplay.parallel.sharding import BATCH_AXES, PARAM_RULES, batch_sharding, fit_spec, shard_params
+from jaxreplay.parallel.sharding import PARAM_RULES, batch_sharding, shard_params
+from jaxreplay.sampling import engine
+from jaxreplay.sampling.distribution import categorical, sample_token  # noqa: F401  (re-exported)
 
 
 @flax.struct.dataclass
@@ -89,151 +91,50 @@ def postprocess_stops(raw: jax.Array, eos_ids: Sequence[int], pad_id: int):
   return tokens, mask, mask.sum(-1).astype(jnp.int32), ~jnp.any(is_stop, axis=-1)
 
 
-def categorical(key: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Draws one token per row by inverse-CDF sampling with a two-level (blocked) cumsum.
+def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, key: jax.Array,
+             *, max_new_tokens: int, temperature: float, eos_ids: Sequence[int], pad_id: int,
+             top_k: int = 0, top_p: float = 1.0, mesh: Mesh | None = None,
+             rules: Sequence[tuple[str, P]] = PARAM_RULES, group_size: int = 1, slots: int = 0,
+             chunk_steps: int = 16, forced_lengths=None, return_stats: bool = False):
+  """Samples G completions for each prompt of a batch with the decode engine.
 
-  Equivalent in distribution to ``jax.random.categorical`` but it needs one uniform
-  number per row instead of V Gumbel variates (about 10x cheaper on a CPU at V = 8192),
-  and the draw does not depend on how the arrays are sharded. Tokens with probability
-  0 (logit -inf) are never drawn.
-
-  Args:
-    key: PRNG key. logits: [B, V] float32, entries may be -inf (not all of a row).
-
-  Returns:
-    (tokens [B] int32, log_softmax(logits)[token] [B] float32).
-  """
-  b, v = logits.shape
-  m = jnp.max(logits, axis=-1, keepdims=True)
-  e = jnp.exp(logits - m)  # [B, V], 0 where -inf
-  w = 1 << math.isqrt(max(v - 1, 0)).bit_length()  # a power of two >= sqrt(V)
-  nb = -(-v // w)  # blocks of width w
-  e_blk = (e if nb * w == v else jnp.pad(e, ((0, 0), (0, nb * w - v)))).reshape(b, nb, w)
-  cb = jnp.cumsum(e_blk.sum(-1), axis=-1)  # [B, nb] cumulative block mass
-  z = cb[:, -1]
-  u = jax.random.uniform(key, (b,), jnp.float32) * z
-  bi = jnp.minimum(jnp.sum(cb <= u[:, None], axis=-1), nb - 1)
-  start = jnp.where(bi > 0, jnp.take_along_axis(cb, jnp.maximum(bi - 1, 0)[:, None], -1)[:, 0], 0.0)
-  row = jnp.take_along_axis(e_blk, bi[:, None, None], axis=1)[:, 0]  # [B, w]
-  ti = jnp.minimum(jnp.sum(jnp.cumsum(row, -1) <= (u - start)[:, None], axis=-1), w - 1)
-  tok = bi * w + ti
-  # Rounding at a block's end can land on a zero-probability slot: fall back to the argmax.
-  ok = (tok < v) & (jnp.take_along_axis(e, jnp.minimum(tok, v - 1)[:, None], -1)[:, 0] > 0)
-  tok = jnp.where(ok, tok, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
-  picked = jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0]
-  return tok, picked - m[:, 0] - jnp.log(z)
-
-
-def sample_token(key: jax.Array, logits: jax.Array, temperature: float, top_k: int = 0,
-                 top_p: float = 1.0) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Draws one token per row.
-
-  Args:
-    key: PRNG key. logits: [B, V] float32.
-    temperature: >= 0 (0: greedy argmax). top_k, top_p: see ``process_logits``.
-
-  Returns:
-    (tokens [B] int32, log-prob under the sampling distribution [B] float32,
-     log-prob under the untruncated tempered softmax [B] float32).
-  """
-  take = lambda logp: jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
-  if temperature == 0.0:
-    tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    lp = take(jax.nn.log_softmax(logits, axis=-1))
-    return tok, lp, lp
-  dist = process_logits(logits, temperature, top_k, top_p)
-  tok, lp = categorical(key, dist)
-  if top_k == 0 and top_p >= 1.0:
-    return tok, lp, lp
-  return tok, lp, take(jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1))
-
-
-def _cache_sharding(mesh: Mesh, cache: KVCache) -> KVCache:
-  kv = NamedSharding(mesh, fit_spec(P(None, BATCH_AXES, "tensor", None, None), cache.k.shape, mesh))
-  valid = NamedSharding(mesh, fit_spec(P(BATCH_AXES, None), cache.valid.shape, mesh))
-  return KVCache(k=kv, v=kv, valid=valid)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature",
-                                             "eos_ids", "pad_id", "top_k", "top_p", "mesh"))
-def _generate(graphdef, params, prompt_tokens, prompt_mask, key, *, max_new_tokens, temperature,
-              eos_ids, pad_id, top_k, top_p, mesh):
-  model = nnx.merge(graphdef, params)
-  b, p = prompt_tokens.shape
-  cache = init_cache(model.cfg, b, p + max_new_tokens)
-  constrain = (lambda c: c) if mesh is None else (
-      lambda c: jax.lax.with_sharding_constraint(c, _cache_sharding(mesh, c)))
-  cache = constrain(cache)
-  positions = positions_from_mask(prompt_mask)
-  logits, cache = model.step(prompt_tokens, positions, prompt_mask, cache, jnp.int32(0),
-                             last_only=True)
-  next_pos = prompt_mask.sum(-1).astype(jnp.int32)  # [B]
-  eos = jnp.asarray(eos_ids, jnp.int32)
-
-  def cond(carry):
-    i, _, done, *_ = carry
-    return (i < max_new_tokens) & ~jnp.all(done)
-
-  def body(carry):
-    i, last_logits, done, cache, toks, lps, flps, key = carry
-    key, k = jax.random.split(key)
-    tok, lp, flp = sample_token(k, last_logits, temperature, top_k, top_p)
-    tok = jnp.where(done, pad_id, tok)
-    toks = toks.at[:, i].set(tok)
-    lps = lps.at[:, i].set(jnp.where(done, 0.0, lp))
-    flps = flps.at[:, i].set(jnp.where(done, 0.0, flp))
-    new_done = done | jnp.isin(tok, eos)
-    logits, cache = model.step(tok[:, None], (next_pos + i)[:, None], (~done)[:, None],
-                               cache, p + i)
-    return i + 1, logits[:, 0], new_done, constrain(cache), toks, lps, flps, key
-
-  zeros = jnp.zeros((b, max_new_tokens), jnp.float32)
-  init = (jnp.int32(0), logits[:, -1], jnp.zeros((b,), bool), cache,
-          jnp.full((b, max_new_tokens), pad_id, jnp.int32), zeros, zeros, key)
-  _, _, _, _, toks, lps, flps, _ = jax.lax.while_loop(cond, body, init)
-  tokens, mask, length, truncated = postprocess_stops(toks, eos_ids, pad_id)
-  return Generation(tokens=tokens, logprobs=jnp.where(mask, lps, 0.0), mask=mask,
-                    truncated=truncated, length=length,
-                    full_logprobs=jnp.where(mask, flps, 0.0))
-
-
-def _host_or_array(x, dtype):
-  """``x`` in ``dtype``: a NumPy array stays on the host (placed per process by the caller),
-  a ``jax.Array`` stays where it is."""
-  return x.astype(dtype) if isinstance(x, jax.Array) else np.asarray(x, dtype)
-
-
-def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
-             prompt_mask: jax.Array, key: jax.Array, *, max_new_tokens: int,
-             temperature: float, eos_ids: Sequence[int], pad_id: int, top_k: int = 0,
-             top_p: float = 1.0, mesh: Mesh | None = None,
-             rules: Sequence[tuple[str, P]] = PARAM_RULES) -> Generation:
-  """Samples completions for a left-padded prompt batch (one jitted program).
-
-  Prefill of the whole prompt batch, then a ``while_loop`` decode against the KV cache
-  that stops early once every row has emitted a stop token or M tokens.
+  Each prompt is prefilled once and its KV cache shared by its G samples; ``slots`` rows
+  decode at once, a finished row's slot taking the next request, and decode attention
+  reads only the filled part of the cache (``jaxreplay.sampling.engine``). Request r
+  (completion r % G of prompt r // G) draws its token t with
+  ``fold_in(fold_in(key, r), t)``: the tokens do not depend on ``slots`` or on the order
+  in which slots are refilled.
 
   Args:
     graphdef, params: the policy, as split by ``nnx.split(model, nnx.Param)``.
-    prompt_tokens: [B, P] int32, left-padded.
-    prompt_mask: [B, P] bool, True on real prompt tokens.
+    prompt_tokens: [N, P] int32 prompts (left-padded, or padded anywhere: positions follow
+      the mask), a host array or a ``jax.Array``.
+    prompt_mask: [N, P] bool, True on real prompt tokens (at least one per row).
     key: PRNG key.
-    max_new_tokens: M (static).
-    temperature: sampling temperature (static, >= 0; 0 is greedy).
-    eos_ids: stop ids (static; every one stops a row).
-    pad_id: padding id written after a stop (static).
-    top_k: keep the k most likely tokens (static; 0 disables).
-    top_p: nucleus mass (static; 1 disables).
-    mesh: optional ``("data", "fsdp", "tensor")`` mesh: the batch is split over data ×
-      fsdp and parameters are placed by ``rules`` (a no-op if already placed so).
+    max_new_tokens: M >= 1.
+    temperature: sampling temperature (>= 0; 0 is greedy).
+    eos_ids: stop ids (every one stops a row; the stop token is kept).
+    pad_id: padding id written after a stop.
+    top_k: keep the k most likely tokens (0 disables).
+    top_p: nucleus mass (1 disables).
+    mesh: optional ``("data", "fsdp", "tensor")`` mesh: slots split over data × fsdp and
+      parameters are placed by ``rules`` (a no-op if already placed so).
     rules: partition rules used with ``mesh``.
+    group_size: G >= 1 completions per prompt (rows r·G .. r·G + G - 1 of the output).
+    slots: decode slots S (0: one per request, all decoded at once).
+    chunk_steps: decode steps between host checks (refill, shrink, width); capped at M.
+    forced_lengths: optional [N·G] int lengths at which each completion is made to stop
+      (a benchmark's length control; see ``engine.run``).
+    return_stats: also return the engine's ``EngineStats``.
 
   Returns:
-    ``Generation`` with [B, M] arrays (see its docstring and the module docstring for
-    what ``logprobs`` holds under truncation).
+    ``Generation`` with [N·G, M] arrays (see its docstring and the module docstring for
+    what ``logprobs`` holds under truncation); with ``return_stats``, a pair
+    (``Generation``, ``engine.EngineStats``).
 
   Raises:
-    ValueError: negative temperature or M < 1, or invalid top_k/top_p.
+    ValueError: negative temperature, M < 1, invalid top_k/top_p, G < 1, negative
+      slots, chunk_steps < 1, or a prompt row without real tokens.
   """
   if temperature < 0:
     raise ValueError(f"sampler.temperature={temperature} must be >= 0")
@@ -241,16 +142,28 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array
     raise ValueError(f"sampler.max_new_tokens={max_new_tokens} must be >= 1")
   if top_k < 0 or not 0.0 <= top_p <= 1.0:
     raise ValueError(f"sampler.top_k={top_k} must be >= 0 and sampler.top_p={top_p} in [0, 1]")
+  if group_size < 1:
+    raise ValueError(f"rollout.group_size={group_size} must be >= 1")
+  if slots < 0:
+    raise ValueError(f"sampler.slots={slots} must be >= 0 (0: one slot per request)")
+  if chunk_steps < 1:
+    raise ValueError(f"sampler.chunk_steps={chunk_steps} must be >= 1")
   if mesh is not None:
     params = shard_params(params, mesh, rules)
-    sh = batch_sharding(mesh, 2, prompt_tokens.shape[0])
-    # Each process places only its own devices' rows (the same prompts on every process).
-    prompt_tokens = multihost.to_global(_host_or_array(prompt_tokens, jnp.int32), sh)
-    prompt_mask = multihost.to_global(_host_or_array(prompt_mask, bool), sh)
-    key = multihost.to_global(key, NamedSharding(mesh, P()))
-  prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
-  prompt_mask = jnp.asarray(prompt_mask, bool)
-  return _generate(graphdef, params, prompt_tokens, prompt_mask, key,
-                   max_new_tokens=max_new_tokens, temperature=float(temperature),
-                   eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id), top_k=int(top_k),
-                   top_p=float(top_p), mesh=mesh)
+  tokens, logprobs, full, length, stats = engine.run(
+      graphdef, params, multihost.to_host(prompt_tokens), multihost.to_host(prompt_mask), key,
+      max_new_tokens=max_new_tokens, temperature=float(temperature),
+      eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id), top_k=int(top_k),
+      top_p=float(top_p), group_size=int(group_size), slots=int(slots),
+      chunk_steps=int(chunk_steps), mesh=mesh, forced_lengths=forced_lengths)
+  mask = np.arange(max_new_tokens)[None, :] < length[:, None]
+  gen = Generation(tokens=jnp.asarray(np.where(mask, tokens, pad_id), jnp.int32),
+                   logprobs=jnp.asarray(np.where(mask, logprobs, 0.0), jnp.float32),
+                   mask=jnp.asarray(mask),
+                   truncated=jnp.asarray(~np.isin(tokens, np.asarray(eos_ids, np.int32)).any(-1)),
+                   length=jnp.asarray(length, jnp.int32),
+                   full_logprobs=jnp.asarray(np.where(mask, full, 0.0), jnp.float32))
+  if mesh is not None:  # rows split over the batch axes, as the rollouts built from them
+    gen = jax.tree.map(lambda x: multihost.to_global(
+        np.asarray(x), batch_sharding(mesh, x.ndim, x.shape[0])), gen)
+  return (gen, stats) if return_stats else gen

@@ -1,0 +1,459 @@
+"""The decode engine: S decode slots, prefill-and-insert, decode chunks over the filled cache.
+
+Requests are (prompt, sample) pairs: request r samples completion r % G of prompt r // G.
+The engine holds S slots, each a KV cache of C = P + M positions in which the prompt fills
+positions 0 .. len-1 (compacted to the left) and the completion follows. Between decode
+chunks the host loop
+
+1. **inserts** waiting requests into free slots: the distinct prompts among them are
+   prefilled once, in one batch, and each prompt's keys and values are copied into the
+   slots of all its samples — the KV cache of a prompt is shared by its G samples rather
+   than recomputed G times (JetStream's prefill → insert);
+2. runs a **decode chunk** of up to k steps (``jax.lax.while_loop``, exits early when every
+   slot is done) whose attention reads only the first w cache positions, w a power-of-two
+   bucket of the longest filled slot plus k — so a step's cost follows the filled length,
+   not the capacity C;
+3. **shrinks** the batch to a smaller power-of-two bucket once no request waits and at most
+   half of the slots still decode (the tail of a batch no longer computes finished rows).
+
+Shapes are static per (slots, width) bucket, so XLA compiles a bounded set of programs:
+about log2(C / 64) widths × log2(S) batch sizes at most, one width and one size when every
+request fits in the slots and M is short.
+
+Random bits: the token of request r at step t is drawn with ``fold_in(fold_in(key, r), t)``
+(``distribution.categorical`` with one key per row), so a request's tokens depend neither
+on its slot, nor on the slot count, nor on the refill order.
+
+Sharding: with a mesh, the slot axis of every per-slot array splits over ``("data",
+"fsdp")`` and the cache's KV heads over ``"tensor"``; parameters keep their placement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxreplay.parallel import multihost
+from jaxreplay.parallel.sharding import BATCH_AXES, fit_spec
+from jaxreplay.sampling.distribution import sample_token
+
+MIN_WIDTH = 64  # smallest attention width bucket (positions)
+MIN_SLOTS = 8  # the tail shrinks the batch down to this many slots, not below
+
+
+@flax.struct.dataclass
+class SlotState:
+  """The engine's device state for S slots, C cache positions and R requests.
+
+  Attributes:
+    k, v: [L, S, K, C, E] per-slot keys and values (activation dtype); positions at or
+      past ``length`` hold stale values that attention masks out.
+    length: [S] int32 filled cache positions (prompt + completion tokens so far).
+    last_logits: [S, V] float32 logits of the next token of each slot.
+    request: [S] int32 request id of the slot (R for a slot that never held one).
+    step: [S] int32 tokens sampled so far for that request.
+    done: [S] bool, the slot is free (stopped, truncated at M, or never filled).
+    tokens: [R + 1, M] int32 completions by request (row R absorbs writes of free slots).
+    logprobs, full_logprobs: [R + 1, M] float32 behaviour log-probs (truncated and
+      untruncated distribution, ``distribution.sample_token``).
+  """
+
+  k: jax.Array
+  v: jax.Array
+  length: jax.Array
+  last_logits: jax.Array
+  request: jax.Array
+  step: jax.Array
+  done: jax.Array
+  tokens: jax.Array
+  logprobs: jax.Array
+  full_logprobs: jax.Array
+
+
+@dataclasses.dataclass
+class EngineStats:
+  """Work counters of one ``run`` (host integers).
+
+  Attributes:
+    row_steps: decode row-steps executed (slots × steps over every chunk).
+    useful_row_steps: row-steps that sampled a token of a request (= generated tokens).
+    kv_read: cache positions read by decode attention (slots × width per step).
+    kv_needed: positions a step needed (Σ over decoding slots of their filled length + 1).
+    prefill_rows, prefill_tokens: prompts prefilled and the positions computed for them
+      (prefill rows × bucketed prompt width).
+    chunks: decode chunks run. inserts: insert calls. programs: distinct
+      (slots, width) decode shapes used.
+  """
+
+  row_steps: int = 0
+  useful_row_steps: int = 0
+  kv_read: int = 0
+  kv_needed: int = 0
+  prefill_rows: int = 0
+  prefill_tokens: int = 0
+  chunks: int = 0
+  inserts: int = 0
+  programs: int = 0
+
+
+def _pow2_at_least(n: int, lo: int) -> int:
+  return max(lo, 1 << max(int(n) - 1, 0).bit_length())
+
+
+def width_bucket(needed: int, capacity: int) -> int:
+  """Attention width for a chunk: the power of two >= ``needed`` (at least ``MIN_WIDTH``),
+  capped at the cache capacity C."""
+  return min(capacity, _pow2_at_least(needed, MIN_WIDTH))
+
+
+def _slot_sharding(mesh: Mesh, state: SlotState) -> SlotState:
+  """Shardings of ``state``: slots over data × fsdp, KV heads over tensor."""
+  def sh(spec, x):
+    return NamedSharding(mesh, fit_spec(spec, x.shape, mesh))
+
+  def batch(x):
+    return sh(P(BATCH_AXES, *([None] * (x.ndim - 1))), x)
+
+  kv = sh(P(None, BATCH_AXES, "tensor", None, None), state.k)
+  rep = lambda x: NamedSharding(mesh, P())
+  return SlotState(k=kv, v=kv, length=batch(state.length), last_logits=batch(state.last_logits),
+                   request=batch(state.request), step=batch(state.step), done=batch(state.done),
+                   tokens=rep(state.tokens), logprobs=rep(state.logprobs),
+                   full_logprobs=rep(state.full_logprobs))
+
+
+def _constrain(state: SlotState, mesh: Mesh | None) -> SlotState:
+  if mesh is None:
+    return state
+  return jax.lax.with_sharding_constraint(state, _slot_sharding(mesh, state))
+
+
+def _blocks(model):
+  """(per-layer apply(fn, carry) helper): runs ``fn(block, layer_index, carry)`` over the
+  layers, a Python loop for the list layout and a ``lax.scan`` for stacked blocks."""
+  if model.cfg.scan_layers:
+    graphdef, stacked = nnx.split(model.blocks)
+
+    def over(fn, carry):
+      def body(c, xs):
+        layer, i = xs
+        return fn(nnx.merge(graphdef, layer), i, c)
+      out, ys = jax.lax.scan(body, carry, (stacked, jnp.arange(model.cfg.n_layers, dtype=jnp.int32)))
+      return out, ys
+    return over
+
+  def over(fn, carry):
+    ys = []
+    for i, blk in enumerate(model.blocks):
+      carry, y = fn(blk, i, carry)
+      ys.append(y)
+    return carry, (None if ys[0] is None else jax.tree.map(lambda *a: jnp.stack(a), *ys))
+  return over
+
+
+def prefill(model, tokens: jax.Array, lengths: jax.Array):
+  """Runs left-aligned prompts through the model once and keeps their keys and values.
+
+  Args:
+    model: a ``models.Transformer``.
+    tokens: [N, W] int32 prompts, real tokens at positions 0 .. len-1, padding after.
+    lengths: [N] int32 real lengths, >= 1.
+
+  Returns:
+    (k, v [L, N, K, W, E] in the activation dtype (RoPE applied to k), logits [N, V]
+     float32 of the token after each prompt's last real one).
+  """
+  n, w = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(w, dtype=jnp.int32), (n, w))
+  cfg = model.cfg
+
+  def layer(blk, i, x):
+    q, k, v = blk.attn.project(blk.attn_norm(x), positions)  # q [N, W, H, E]; k, v [N, K, W, E]
+    y = jax.nn.dot_product_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                                     is_causal=True, key_value_seq_lengths=lengths)
+    x = x + blk.attn.o(y.reshape(n, w, cfg.n_heads * cfg.head_dim))
+    return x + blk.mlp(blk.mlp_norm(x)), (k, v)
+
+  x, (k, v) = _blocks(model)(layer, model._embed(tokens))
+  last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)  # [N, 1, D]
+  return k, v, model.project_logits(model.final_norm(last))[:, 0]
+
+
+def decode_step(model, tok: jax.Array, length: jax.Array, ck: jax.Array, cv: jax.Array,
+                width: int):
+  """One token per slot against the cache, attention over the first ``width`` positions.
+
+  Writes each slot's new key and value at position ``length`` (dropped past the capacity)
+  and attends to positions 0 .. length, which must lie within ``width``.
+
+  Args:
+    model: a ``models.Transformer``. tok: [S] int32 token ids. length: [S] int32, the
+      position of ``tok`` (= filled length before it). ck, cv: [L, S, K, C, E].
+    width: static, attention reads cache positions [0, width).
+
+  Returns:
+    (logits [S, V] float32 of the next token, ck, cv).
+  """
+  cfg = model.cfg
+  s = tok.shape[0]
+  g = cfg.n_heads // cfg.n_kv_heads
+  rows = jnp.arange(s)
+  visible = jnp.arange(width)[None, :] <= length[:, None]  # [S, width]
+
+  def layer(blk, i, carry):
+    x, ck, cv = carry
+    q, k, v = blk.attn.project(blk.attn_norm(x), length[:, None])  # q [S,1,H,E]; k [S,K,1,E]
+    ck = ck.at[i, rows, :, length, :].set(k[:, :, 0].astype(ck.dtype), mode="drop")
+    cv = cv.at[i, rows, :, length, :].set(v[:, :, 0].astype(cv.dtype), mode="drop")
+    keys = jax.lax.dynamic_index_in_dim(ck, i, 0, keepdims=False)[:, :, :width]  # [S,K,w,E]
+    vals = jax.lax.dynamic_index_in_dim(cv, i, 0, keepdims=False)[:, :, :width]
+    qg = q[:, 0].reshape(s, cfg.n_kv_heads, g, cfg.head_dim)
+    logits = jnp.einsum("skge,skwe->skgw", qg, keys,
+                        preferred_element_type=jnp.float32) * cfg.head_dim ** -0.5
+    logits = jnp.where(visible[:, None, None, :], logits, -1e30)
+    probs = jax.nn.softmax(logits, axis=-1).astype(vals.dtype)
+    y = jnp.einsum("skgw,skwe->skge", probs, vals).reshape(s, 1, cfg.n_heads * cfg.head_dim)
+    x = x + blk.attn.o(y)
+    return (x + blk.mlp(blk.mlp_norm(x)), ck, cv), None
+
+  (x, ck, cv), _ = _blocks(model)(layer, (model._embed(tok[:, None]), ck, cv))
+  return model.project_logits(model.final_norm(x))[:, 0], ck, cv
+
+
+def init_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int,
+               pad_id: int) -> SlotState:
+  """An engine state with every slot free (shapes as ``SlotState``)."""
+  kv = (cfg.n_layers, slots, cfg.n_kv_heads, capacity, cfg.head_dim)
+  out = (requests + 1, max_new_tokens)
+  return SlotState(k=jnp.zeros(kv, cfg.dtype), v=jnp.zeros(kv, cfg.dtype),
+                   length=jnp.zeros((slots,), jnp.int32),
+                   last_logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
+                   request=jnp.full((slots,), requests, jnp.int32),
+                   step=jnp.zeros((slots,), jnp.int32), done=jnp.ones((slots,), bool),
+                   tokens=jnp.full(out, pad_id, jnp.int32), logprobs=jnp.zeros(out, jnp.float32),
+                   full_logprobs=jnp.zeros(out, jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "mesh"), donate_argnames=("state",))
+def _insert(graphdef, params, state: SlotState, prompts, prompt_len, slot, source, request, *,
+            mesh):
+  """Prefills ``prompts`` [N, W] once and copies prompt ``source[j]``'s cache into slot
+  ``slot[j]`` for request ``request[j]`` (j over [J]; ``slot[j] = S`` is a no-op entry)."""
+  model = nnx.merge(graphdef, params)
+  k, v, logits = prefill(model, prompts, prompt_len)
+  w = prompts.shape[1]
+  set_ = lambda dst, src: dst.at[slot].set(src, mode="drop")
+  state = state.replace(
+      k=state.k.at[:, slot, :, :w].set(k[:, source].astype(state.k.dtype), mode="drop"),
+      v=state.v.at[:, slot, :, :w].set(v[:, source].astype(state.v.dtype), mode="drop"),
+      length=set_(state.length, prompt_len[source]),
+      last_logits=set_(state.last_logits, logits[source]),
+      request=set_(state.request, request), step=set_(state.step, jnp.zeros_like(request)),
+      done=set_(state.done, jnp.zeros(request.shape, bool)))
+  return _constrain(state, mesh)
+
+
+def _force_lengths(logits, step, target, eos):
+  """Logits that stop a request at exactly ``target`` tokens: the stop id ``eos`` is
+  impossible before step target-1 and the only choice at it (a benchmark's length control,
+  the same rule as its Hugging Face logits processor)."""
+  at = (step == target - 1)[:, None]
+  is_eos = (jnp.arange(logits.shape[-1]) == eos)[None, :]
+  return jnp.where(is_eos, jnp.where(at, logits, -jnp.inf), jnp.where(at, -jnp.inf, logits))
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "graphdef", "width", "steps", "temperature", "top_k", "top_p", "eos_ids", "mesh"),
+    donate_argnames=("state",))
+def _decode_chunk(graphdef, params, state: SlotState, key, forced, *, width, steps, temperature,
+                  top_k, top_p, eos_ids, mesh):
+  """Up to ``steps`` decode steps of every slot at attention width ``width``.
+
+  Returns (state, steps run [] int32, kv positions needed [] int32)."""
+  model = nnx.merge(graphdef, params)
+  n_req, m = state.tokens.shape[0] - 1, state.tokens.shape[1]
+  eos = jnp.asarray(eos_ids, jnp.int32)
+
+  def cond(c):
+    i, st, _ = c
+    return (i < steps) & ~jnp.all(st.done)
+
+  def body(c):
+    i, st, needed = c
+    active = ~st.done
+    logits = st.last_logits
+    if forced is not None:
+      logits = _force_lengths(logits, st.step, forced[jnp.minimum(st.request, n_req - 1)],
+                              eos_ids[0])
+    keys = jax.vmap(lambda r, t: jax.random.fold_in(jax.random.fold_in(key, r), t))(
+        st.request, st.step)
+    tok, lp, flp = sample_token(keys, logits, temperature, top_k, top_p)
+    row = jnp.where(active, st.request, n_req + 1)  # out of range: dropped
+    at = (row, st.step)
+    stopped = jnp.isin(tok, eos) | (st.step + 1 >= m)
+    logits, ck, cv = decode_step(model, tok, st.length, st.k, st.v, width)
+    st = st.replace(
+        k=ck, v=cv, last_logits=logits, done=st.done | stopped,
+        tokens=st.tokens.at[at].set(tok, mode="drop"),
+        logprobs=st.logprobs.at[at].set(lp, mode="drop"),
+        full_logprobs=st.full_logprobs.at[at].set(flp, mode="drop"),
+        length=st.length + active, step=st.step + active)
+    needed = needed + jnp.where(active, st.length, 0).sum(dtype=jnp.int32)
+    return i + 1, _constrain(st, mesh), needed
+
+  i, state, needed = jax.lax.while_loop(cond, body, (jnp.int32(0), state, jnp.int32(0)))
+  return state, i, needed
+
+
+@functools.partial(jax.jit, static_argnames=("mesh",))
+def _select_slots(state: SlotState, keep, *, mesh):
+  """The state restricted to slots ``keep`` [S'] (a smaller batch bucket)."""
+  take = lambda x, axis: jnp.take(x, keep, axis=axis)
+  return _constrain(state.replace(
+      k=take(state.k, 1), v=take(state.v, 1), length=take(state.length, 0),
+      last_logits=take(state.last_logits, 0), request=take(state.request, 0),
+      step=take(state.step, 0), done=take(state.done, 0)), mesh)
+
+
+def _left_align(tokens: np.ndarray, mask: np.ndarray, pad_id: int, width: int):
+  """Prompts with their real tokens moved to positions 0 .. len-1: ([N, width], [N])."""
+  n = tokens.shape[0]
+  lengths = mask.sum(-1).astype(np.int32)
+  out = np.full((n, width), pad_id, np.int32)
+  for i in range(n):
+    real = tokens[i][mask[i]]
+    out[i, :len(real)] = real
+  return out, lengths
+
+
+def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, key: jax.Array, *,
+        max_new_tokens: int, temperature: float, eos_ids: Sequence[int], pad_id: int,
+        top_k: int = 0, top_p: float = 1.0, group_size: int = 1, slots: int = 0,
+        chunk_steps: int = 16, mesh: Mesh | None = None, forced_lengths=None):
+  """Decodes G completions of each prompt with S refilled slots (the host loop).
+
+  Args:
+    graphdef, params: the policy (parameters already placed for ``mesh``).
+    prompt_tokens: [N, P] int prompts (host array; padding anywhere, positions follow
+      ``prompt_mask``). prompt_mask: [N, P] bool, True on real tokens (>= 1 per row).
+    key: PRNG key; request r's token t uses ``fold_in(fold_in(key, r), t)``.
+    max_new_tokens: M >= 1. temperature, top_k, top_p: the sampling distribution
+      (``distribution.sample_token``; temperature 0 is greedy). eos_ids: stop ids (each
+      stops a request; the stop token is kept). pad_id: written after a stop.
+    group_size: G >= 1, completions per prompt; request r is prompt r // G.
+    slots: S, rows decoded at once (0: one per request); the tail shrinks to powers of two.
+    chunk_steps: k >= 1, decode steps between host checks (refill, shrink, width).
+    mesh: optional mesh (slots split over data × fsdp).
+    forced_lengths: optional [N·G] int lengths in [1, M] at which each request is made to
+      emit ``eos_ids[0]`` (and never before): a benchmark's control of completion lengths.
+
+  Returns:
+    (tokens [N·G, M] int32, logprobs [N·G, M] float32, full_logprobs [N·G, M] float32,
+     length [N·G] int32 (stop token included), ``EngineStats``), host NumPy arrays.
+
+  Raises:
+    ValueError: a prompt row without real tokens; ``forced_lengths`` without ``eos_ids``.
+  """
+  cfg = nnx.merge(graphdef, params).cfg
+  toks = np.asarray(prompt_tokens)
+  mask = np.asarray(prompt_mask, bool)
+  n_prompts, p = toks.shape
+  if n_prompts and (mask.sum(-1) == 0).any():
+    raise ValueError("every prompt row needs at least one real token (prompt_mask all False)")
+  n_req = n_prompts * group_size
+  m = max_new_tokens
+  capacity = p + m
+  aligned, plen = _left_align(toks, mask, pad_id, p)
+  s = max(1, min(slots or n_req, n_req))
+  steps = max(1, min(chunk_steps, m))
+  forced = None
+  if forced_lengths is not None:
+    if not eos_ids:
+      raise ValueError("forced_lengths needs a stop id (eos_ids is empty)")
+    forced = jnp.asarray(np.clip(np.asarray(forced_lengths, np.int32), 1, m))
+  stats = EngineStats()
+  shapes = set()
+  place = (lambda x: x) if mesh is None else (
+      lambda x: multihost.to_global(x, NamedSharding(mesh, P())))
+  state = _new_state(cfg, s, capacity, n_req, m, pad_id, mesh)
+  host_done = np.ones((s,), bool)
+  host_len = np.zeros((s,), np.int32)
+  host_req = np.full((s,), n_req, np.int32)
+  next_req = 0
+  eos_ids = tuple(int(e) for e in eos_ids)
+  key = key if mesh is None else multihost.to_global(key, NamedSharding(mesh, P()))
+  while next_req < n_req or not host_done.all():
+    free = np.flatnonzero(host_done)
+    if next_req < n_req and len(free):
+      take = min(len(free), n_req - next_req)
+      reqs = np.arange(next_req, next_req + take)
+      next_req += take
+      prompt_ids, source = np.unique(reqs // group_size, return_inverse=True)
+      w = min(p, _pow2_at_least(int(plen[prompt_ids].max()), 16))
+      n_b = _pow2_at_least(len(prompt_ids), 1)
+      j_b = s  # one insert shape per batch size: the entries past ``take`` are no-ops
+      pr = np.full((n_b, w), pad_id, np.int32)
+      pr[:len(prompt_ids)] = aligned[prompt_ids, :w]
+      pl = np.ones((n_b,), np.int32)
+      pl[:len(prompt_ids)] = plen[prompt_ids]
+      slot = np.full((j_b,), s, np.int32)
+      slot[:take] = free[:take]
+      src = np.zeros((j_b,), np.int32)
+      src[:take] = source
+      rq = np.full((j_b,), n_req, np.int32)
+      rq[:take] = reqs
+      state = _insert(graphdef, params, state, *map(place, (pr, pl, slot, src, rq)), mesh=mesh)
+      host_done[free[:take]] = False
+      host_len[free[:take]] = pl[source]
+      host_req[free[:take]] = reqs
+      stats.inserts += 1
+      stats.prefill_rows += len(prompt_ids)
+      stats.prefill_tokens += len(prompt_ids) * w
+    active = ~host_done
+    width = width_bucket(int(host_len[active].max()) + steps, capacity)
+    shapes.add((s, width))
+    state, ran, needed = _decode_chunk(
+        graphdef, params, state, key, forced, width=width, steps=steps,
+        temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), eos_ids=eos_ids,
+        mesh=mesh)
+    h = multihost.to_host({"done": state.done, "length": state.length, "ran": ran,
+                           "needed": needed, "request": state.request})
+    ran = int(h["ran"])
+    stats.chunks += 1
+    stats.row_steps += s * ran
+    stats.kv_read += s * width * ran
+    stats.kv_needed += int(h["needed"])
+    host_done, host_len, host_req = (np.array(h[k]) for k in ("done", "length", "request"))
+    n_active = int((~host_done).sum())
+    if next_req >= n_req and 0 < n_active <= s // 2 and s > MIN_SLOTS:
+      new_s = max(MIN_SLOTS, _pow2_at_least(n_active, 1))
+      keep = np.concatenate([np.flatnonzero(~host_done), np.flatnonzero(host_done)])[:new_s]
+      state = _select_slots(state, place(keep.astype(np.int32)), mesh=mesh)
+      host_done, host_len, host_req = host_done[keep], host_len[keep], host_req[keep]
+      s = new_s
+  out = multihost.to_host({"tokens": state.tokens[:n_req], "logprobs": state.logprobs[:n_req],
+                           "full": state.full_logprobs[:n_req]})
+  tokens = out["tokens"]
+  is_stop = np.isin(tokens, np.asarray(eos_ids, np.int32))
+  has_stop = is_stop.any(-1)
+  length = np.where(has_stop, is_stop.argmax(-1) + 1, m).astype(np.int32)
+  stats.useful_row_steps = int(length.sum())
+  stats.programs = len(shapes)
+  return tokens, out["logprobs"], out["full"], length, stats
+
+
+def _new_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int, pad_id: int,
+               mesh: Mesh | None) -> SlotState:
+  """``init_state`` built directly in its layout (``_slot_sharding``) when there is a mesh."""
+  build = functools.partial(init_state, cfg, slots, capacity, requests, max_new_tokens, pad_id)
+  if mesh is None:
+    return build()
+  return jax.jit(build, out_shardings=_slot_sharding(mesh, jax.eval_shape(build)))()
