@@ -153,7 +153,7 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
   from jaxreplay.rl.train_step import init_train_state, make_optimizer, make_train_step
   from jaxreplay.rollout import empty_rollout
   from jaxreplay.rl.scoring import micro_batch_rows
-  from jaxreplay.sampling.generate import _generate
+  from jaxreplay.sampling import engine
   from jaxreplay.train.drift import make_drift_fn
   from jaxreplay.train.evaluate import _entropy_sum
   from jaxreplay.train.generation import learner_behaviour_logprobs
@@ -207,21 +207,25 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
   t_learner = time.time() - t0
 
   r = cfg.rollout.per_step
-  batch_sh = sharding_lib.batch_sharding(mesh, 2, r)
-  prompts = jax.ShapeDtypeStruct((r, p_width), jnp.int32, sharding=batch_sh)
-  prompt_mask = jax.ShapeDtypeStruct((r, p_width), jnp.bool_, sharding=batch_sh)
   t0 = time.time()
-  sampler = _generate.lower(graphdef, state.params, prompts, prompt_mask, key,
-                            max_new_tokens=m, temperature=float(cfg.sampler.temperature),
-                            eos_ids=(0,), pad_id=0, top_k=int(cfg.sampler.top_k),
-                            top_p=float(cfg.sampler.top_p), mesh=mesh).compile()
+
+  def engine_peak(slots, requests, temperature, top_p):
+    """The decode engine's larger program (prefill-and-insert or a full-width decode chunk)."""
+    progs = engine.lower_programs(
+        graphdef, state.params, slots=slots, prompt_width=p_width, max_new_tokens=m,
+        requests=requests, temperature=temperature, top_k=int(cfg.sampler.top_k), top_p=top_p,
+        chunk_steps=cfg.sampler.get("chunk_steps", 16), mesh=mesh)
+    return max((_bytes(c.memory_analysis()) for c in progs.values()), key=lambda b: b["total"])
+
+  sampler = engine_peak(min(cfg.sampler.get("slots", 0) or r, r), r,
+                        float(cfg.sampler.temperature), float(cfg.sampler.top_p))
   t_sampler = time.time() - t0
 
   state_bytes, buffer_bytes = _per_device_bytes(state), _per_device_bytes(buffer)
   params_bytes = _per_device_bytes(state.params)
   resident_not_in_sampler = state_bytes - params_bytes + buffer_bytes
   programs = {"learner": (_bytes(learner.memory_analysis()), 0),
-              "sampler": (_bytes(sampler.memory_analysis()), resident_not_in_sampler)}
+              "sampler": (sampler, resident_not_in_sampler)}
 
   # The passes that score rollouts without gradients, in the learner's micro-batch rows
   # and log-prob chunks; each runs while the rest of the train state and buffer stay.
@@ -243,8 +247,8 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
                           tuple(cfg.algo.staleness_buckets), top_k, top_p, chunk, rows)
     drift = drift.lower(state.params, buffer, key, version).compile()
     programs["drift"] = (_bytes(drift.memory_analysis()), state_bytes - params_bytes)
-  # Held-out evaluation: the sampled pass's generate calls of up to eval.batch_rows rows, then
-  # the fresh-sample entropy of the same rows.
+  # Held-out evaluation: the sampled pass's engine with eval.batch_rows slots, then the
+  # fresh-sample entropy of as many rows.
   e = min(cfg.eval.batch_rows, cfg.eval.num_examples * cfg.eval.samples_per_example)
   if cfg.eval.every and e:
     eval_temp = float(cfg.eval.get("temperature") or cfg.sampler.temperature)
@@ -252,10 +256,9 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
     e_sh = sharding_lib.batch_sharding(mesh, 2, e)
     e_prompts = jax.ShapeDtypeStruct((e, p_width), jnp.int32, sharding=e_sh)
     e_mask = jax.ShapeDtypeStruct((e, p_width), jnp.bool_, sharding=e_sh)
-    e_gen = _generate.lower(graphdef, state.params, e_prompts, e_mask, key, max_new_tokens=m,
-                            temperature=eval_temp, eos_ids=(0,), pad_id=0, top_k=top_k,
-                            top_p=eval_top_p, mesh=mesh).compile()
-    programs["eval sampler"] = (_bytes(e_gen.memory_analysis()), resident_not_in_sampler)
+    e_gen = engine_peak(e, cfg.eval.num_examples * cfg.eval.samples_per_example, eval_temp,
+                        eval_top_p)
+    programs["eval sampler"] = (e_gen, resident_not_in_sampler)
     e_tok = jax.ShapeDtypeStruct((e, m), jnp.int32, sharding=e_sh)
     e_out = jax.ShapeDtypeStruct((e, m), jnp.bool_, sharding=e_sh)
     e_ent = _entropy_sum.lower(graphdef, state.params, e_prompts, e_mask, e_tok, e_out,

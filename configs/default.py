@@ -59,7 +59,11 @@ def get_config():
 
   # top_k = 0 / top_p = 1 disable truncation; with truncation the trainer recomputes
   # log-probs under the same truncated distribution (ratio 1 at identical parameters).
-  c.sampler = config_dict.ConfigDict(dict(max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0))
+  # slots: rows the decode engine runs at once (0: one per rollout); a finished row's slot
+  # takes the next request. chunk_steps: decode steps between the engine's host checks
+  # (refill, batch shrink, attention width); a finished row idles at most this many steps.
+  c.sampler = config_dict.ConfigDict(dict(max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0,
+                                          slots=0, chunk_steps=16))
 
   # behaviour_logprobs: "sampler" stores the sampler's log-probs; "learner" rescores the
   # completions with the learner's forward before insertion, so a fresh rollout's
@@ -117,8 +121,8 @@ def get_config():
   # Held-out evaluation: greedy and sampled accuracy, pass@k (k = 1, 2, 4, ... up to
   # samples_per_example), length and fresh-sample entropy; temperature and top_p unset: the
   # sampler's.
-  # batch_rows: rows per generate call (and entropy pass); its KV cache and logits set
-  # evaluation's memory (bench/memory_plan.py).
+  # batch_rows: decode slots of the evaluation engine (and rows per entropy pass); its KV
+  # cache and logits set evaluation's memory (bench/memory_plan.py).
   c.eval = config_dict.ConfigDict(dict(every=25, num_examples=1000, samples_per_example=4,
                                        batch_rows=1024,
                                        temperature=config_dict.placeholder(float),

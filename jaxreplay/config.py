@@ -351,6 +351,10 @@ def validate(cfg, device_count: int | None = None, process_count: int | None = N
     _fail("sampler.top_p", cfg.sampler.top_p, "must be in (0, 1] (1 disables top-p)")
   if cfg.sampler.max_new_tokens < 1:
     _fail("sampler.max_new_tokens", cfg.sampler.max_new_tokens, "must be >= 1")
+  if cfg.sampler.get("slots", 0) < 0:
+    _fail("sampler.slots", cfg.sampler.slots, "must be >= 0 (0: one decode slot per rollout)")
+  if cfg.sampler.get("chunk_steps", 16) < 1:
+    _fail("sampler.chunk_steps", cfg.sampler.chunk_steps, "must be >= 1")
   if cfg.train.steps < 0:
     _fail("train.steps", cfg.train.steps, "must be >= 0")
   if cfg.eval.every < 0 or cfg.checkpoint.every < 0:

@@ -457,3 +457,38 @@ def _new_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: in
   if mesh is None:
     return build()
   return jax.jit(build, out_shardings=_slot_sharding(mesh, jax.eval_shape(build)))()
+
+
+def lower_programs(graphdef: nnx.GraphDef, params, *, slots: int, prompt_width: int,
+                   max_new_tokens: int, requests: int, temperature: float, top_k: int = 0,
+                   top_p: float = 1.0, chunk_steps: int = 16, mesh: Mesh | None = None) -> dict:
+  """The engine's largest programs, lowered and compiled for abstract inputs (memory plans).
+
+  Args:
+    graphdef, params: the policy; ``params`` may be ``jax.ShapeDtypeStruct`` leaves with
+      shardings. slots: S. prompt_width: P. max_new_tokens: M. requests: R (the output
+      arrays are [R + 1, M]). temperature, top_k, top_p, chunk_steps: as ``run``.
+    mesh: optional mesh (the state takes ``_slot_sharding``).
+
+  Returns:
+    {"insert": compiled prefill of S distinct prompts of width P into S slots,
+     "decode": compiled decode chunk at the full width P + M} (``jax.stages.Compiled``).
+  """
+  cfg = nnx.merge(graphdef, params).cfg
+  capacity = prompt_width + max_new_tokens
+  build = functools.partial(init_state, cfg, slots, capacity, requests, max_new_tokens, 0)
+  state = jax.eval_shape(build)
+  rep = None if mesh is None else NamedSharding(mesh, P())
+  if mesh is not None:
+    state = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                         state, _slot_sharding(mesh, state))
+  arg = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+  key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)
+  insert = _insert.lower(graphdef, params, state, arg((slots, prompt_width), jnp.int32),
+                         arg((slots,), jnp.int32), arg((slots,), jnp.int32),
+                         arg((slots,), jnp.int32), arg((slots,), jnp.int32), mesh=mesh).compile()
+  decode = _decode_chunk.lower(graphdef, params, state, key, None, width=capacity,
+                               steps=max(1, min(chunk_steps, max_new_tokens)),
+                               temperature=float(temperature), top_k=int(top_k),
+                               top_p=float(top_p), eos_ids=(0,), mesh=mesh).compile()
+  return {"insert": insert, "decode": decode}

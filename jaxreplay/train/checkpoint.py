@@ -376,7 +376,8 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 # Fields a checkpoint's config may lack because its code had no such field, each with the
 # value that behaves as that code did: at this value the run resumes; at another, it is a
 # change like any other.
-BEHAVES_AS_ABSENT = {"rollout.behaviour_logprobs": "sampler", "eval.batch_rows": 1024}
+BEHAVES_AS_ABSENT = {"rollout.behaviour_logprobs": "sampler", "eval.batch_rows": 1024,
+                     "sampler.slots": 0, "sampler.chunk_steps": 16}
 
 
 def config_changes(saved: dict, current: dict) -> list[str]:

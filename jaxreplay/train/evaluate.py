@@ -80,7 +80,8 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
     examples: held-out examples. key: PRNG key for the sampled pass.
     max_new_tokens: M. temperature: sampling temperature of the sampled pass (> 0).
     samples_per_example: completions per example in the sampled pass.
-    chunk: rows per generate call (fixed so shapes, hence compiles, repeat).
+    chunk: decode slots of the engine (rows decoded at once, a finished row's slot taking
+      the next request) and rows per fresh-sample entropy pass.
     correct_threshold: reward at or above which a completion counts as correct.
     top_k, top_p: the sampled pass's truncation (the sampler's ``sampler.top_k/top_p``;
       the fresh-sample entropy is that of the truncated distribution).
@@ -99,35 +100,36 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
   """
   failures = [0]  # reward calls that raised, timed out or lost their worker (scored 0)
 
-  def run(exs, temp, k, with_entropy=False, tk=0, tp=1.0):
-    rewards, lengths, ent = [], [], [0.0, 0]
-    for s in range(0, len(exs), chunk):
-      part = list(exs[s:s + chunk])
-      n = len(part)
-      part = part + [part[-1]] * (chunk - n) if len(exs) > chunk else part
-      toks, mask, _ = io.prompts(part)
-      k, sub = jax.random.split(k)
-      g = generate(graphdef, params, toks, mask, sub, max_new_tokens=max_new_tokens,
-                   temperature=temp, top_k=tk, top_p=tp, eos_ids=io.eos_ids,
-                   pad_id=io.pad_id, mesh=mesh)
-      out = multihost.to_host({"tokens": g.tokens, "mask": g.mask, "length": g.length})
-      r, f = score(task, io.decode(out["tokens"][:n], out["mask"][:n]), part[:n])
-      failures[0] += f
-      rewards.append(r)
-      lengths.append(out["length"][:n])
-      if with_entropy:
-        keep = np.arange(len(part)) < n  # padding rows of the last chunk do not count
+  def run(temp, k, group, with_entropy=False, tk=0, tp=1.0):
+    # One engine call: ``chunk`` decode slots, each prompt prefilled once for its ``group``
+    # samples, finished rows refilled from the remaining requests.
+    toks, mask, _ = io.prompts(list(examples))
+    g = generate(graphdef, params, toks, mask, k, max_new_tokens=max_new_tokens,
+                 temperature=temp, top_k=tk, top_p=tp, eos_ids=io.eos_ids, pad_id=io.pad_id,
+                 mesh=mesh, group_size=group, slots=chunk)
+    out = multihost.to_host({"tokens": g.tokens, "mask": g.mask, "length": g.length})
+    rows = [e for e in examples for _ in range(group)]
+    rewards, f = score(task, io.decode(out["tokens"], out["mask"]), rows)
+    failures[0] += f
+    ent = [0.0, 0]
+    if with_entropy:  # scored ``chunk`` rows at a time (fixed shapes; the last chunk padded)
+      ptoks, pmask = np.repeat(toks, group, 0), np.repeat(mask, group, 0)
+      n = len(rows)
+      c = min(chunk, n)
+      for s in range(0, n, c):
+        idx = np.minimum(np.arange(s, s + c), n - 1)
+        keep = np.arange(s, s + c) < n  # padding rows of the last chunk do not count
         e_sum, e_cnt = multihost.to_host(_entropy_sum(
-            graphdef, params, jnp.asarray(toks), jnp.asarray(mask), g.tokens,
-            g.mask & keep[:, None], temperature=temp, top_k=tk, top_p=tp,
-            logprob_chunk=logprob_chunk, rows=score_rows))
+            graphdef, params, jnp.asarray(ptoks[idx]), jnp.asarray(pmask[idx]),
+            jnp.asarray(out["tokens"][idx]), jnp.asarray(out["mask"][idx] & keep[:, None]),
+            temperature=temp, top_k=tk, top_p=tp, logprob_chunk=logprob_chunk, rows=score_rows))
         ent[0] += float(e_sum)
         ent[1] += int(e_cnt)
-    return np.concatenate(rewards), np.concatenate(lengths), ent[0] / max(ent[1], 1)
+    return rewards, out["length"], ent[0] / max(ent[1], 1)
 
-  r_g, _, _ = run(examples, 0.0, key)
-  rep = [e for e in examples for _ in range(samples_per_example)]
-  r_s, len_s, ent = run(rep, temperature, key, with_entropy=True, tk=top_k, tp=top_p)
+  r_g, _, _ = run(0.0, key, 1)
+  r_s, len_s, ent = run(temperature, key, samples_per_example, with_entropy=True, tk=top_k,
+                        tp=top_p)
   out = {"acc_greedy": float(r_g.mean()), "acc_sampled": float(r_s.mean()),
          "len_sampled": float(len_s.mean()), "entropy_fresh": float(ent),
          "reward_failures": failures[0]}

@@ -169,12 +169,14 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, position: int, ke
   p = cfg.rollout.per_step // g
   examples, skipped, position = _fitting_prompts(io, stream, position, p)
   first_group = position - p
-  toks, mask, _ = io.prompts(examples)
-  toks, mask = np.repeat(toks, g, 0), np.repeat(mask, g, 0)
-  gen = generate(graphdef, params, toks, mask, key, max_new_tokens=cfg.sampler.max_new_tokens,
-                 temperature=cfg.sampler.temperature, top_k=cfg.sampler.top_k,
-                 top_p=cfg.sampler.top_p, eos_ids=io.eos_ids, pad_id=io.pad_id,
-                 mesh=mesh)
+  prompt_toks, prompt_mask, _ = io.prompts(examples)
+  gen = generate(graphdef, params, prompt_toks, prompt_mask, key,
+                 max_new_tokens=cfg.sampler.max_new_tokens, temperature=cfg.sampler.temperature,
+                 top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p, eos_ids=io.eos_ids,
+                 pad_id=io.pad_id, mesh=mesh, group_size=g, slots=cfg.sampler.get("slots", 0),
+                 chunk_steps=cfg.sampler.get("chunk_steps", 16))
+  # Rollout rows: prompt r // G's tokens beside completion r (the engine's request order).
+  toks, mask = np.repeat(prompt_toks, g, 0), np.repeat(prompt_mask, g, 0)
   # Every process reads the whole generation (gathered across processes), so each decodes,
   # scores and groups the same R rollouts; placement below gives each device its rows.
   out = multihost.to_host({"tokens": gen.tokens, "mask": gen.mask, "logprobs": gen.logprobs,

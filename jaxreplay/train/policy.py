@@ -151,10 +151,10 @@ def sample_completions(graphdef, params, io: TextIO, task, examples: Sequence[Ex
     raise ValueError(f"need >= 1 example and samples_per_example >= 1; got {len(examples)} "
                      f"and {samples_per_example}")
   rows = [e for e in examples for _ in range(samples_per_example)]
-  tokens, mask, _ = io.prompts(rows)
+  tokens, mask, _ = io.prompts(list(examples))
   g = generate(graphdef, params, tokens, mask, key, max_new_tokens=max_new_tokens,
                temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=io.eos_ids,
-               pad_id=io.pad_id)
+               pad_id=io.pad_id, group_size=samples_per_example)
   texts = io.decode(g.tokens, g.mask)
   rewards, _ = score(task, texts, rows, timeout_s)
   s = samples_per_example
