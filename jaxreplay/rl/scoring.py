@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxreplay.models.logit_processing import process_logits
-from jaxreplay.rl import value
+from jaxreplay.rl import packing, value
 from jaxreplay.rl.spec import AlgoSpec
 
 # Log-prob given to a token outside the current policy's top-k/top-p set, whose log-prob
@@ -250,3 +250,46 @@ def policy_and_values(graphdef: nnx.GraphDef, params, value_params, tokens: jax.
   logits, hidden = value.forward_with_hidden(model, tokens, attention_mask)
   logp, ent = _scores(logits, tokens, temperature, top_k, top_p)
   return logp, ent, value.token_values(head, hidden)
+
+
+def packed_scores(graphdef: nnx.GraphDef, params, tokens: jax.Array, plan: packing.PackPlan,
+                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                  chunk: int = 0, value_params=None
+                  ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+  """``token_logprobs`` (and ``policy_and_values``) computed on packed rows.
+
+  The trunk, the output head and the log-softmax run on the plan's [R, W] packed tokens
+  (``packing``: several sequences per row, attention within a sequence, positions
+  restarting at 0), then every per-token output is gathered back to the [Bg, T] layout
+  (``packing.unpack``; gradients flow through the gather). A sequence's values equal the
+  unpacked ones up to float rounding; columns without a prediction (padding and each
+  sequence's first token) are 0, where the unpacked path has values predicted from
+  padding that no loss reads.
+
+  Args:
+    graphdef, params: the policy (``nnx.split``).
+    tokens: [Bg, T] int32, the group's rows. plan: its ``packing.PackPlan`` (no leading
+      group axes), built from the same rows' attention mask.
+    temperature, top_k, top_p, chunk: as ``token_logprobs``.
+    value_params: the ``value.ValueHead`` state, or None.
+
+  Returns:
+    (logp [Bg, T] float32, entropy [Bg, T] float32, values [Bg, T] float32 — column t holds
+     V(tokens_<t), as ``policy_and_values`` — or None without ``value_params``).
+
+  Raises:
+    ValueError: as ``token_logprobs``.
+  """
+  model = nnx.merge(graphdef, params)
+  tok_rw = packing.pack(tokens, plan)
+  hidden = model.hidden(tok_rw, plan.mask, plan.segment_ids, plan.positions)
+  if chunk:
+    logp, ent = chunked_scores(model.project_logits, hidden, tok_rw, chunk, temperature,
+                               top_k, top_p)
+  else:
+    logp, ent = _scores(model.project_logits(hidden), tok_rw, temperature, top_k, top_p)
+  values = None
+  if value_params is not None:
+    head = nnx.merge(value.value_graphdef(), value_params)
+    values = packing.unpack(value.token_values(head, hidden), plan)
+  return packing.unpack(logp, plan), packing.unpack(ent, plan), values

@@ -38,7 +38,7 @@ _CHOICES = {"advantage": ESTIMATORS, "loss": LOSSES, "aggregation": AGGREGATIONS
             "lr_schedule": SCHEDULES}
 _INTS = ("update_epochs", "num_minibatches", "grad_accum_steps", "logprob_chunk",
          "warmup_steps", "max_consecutive_skips")
-_BOOLS = ("mask_truncated", "gae_whiten")
+_BOOLS = ("mask_truncated", "gae_whiten", "pack_sequences")
 _NUMBERS = ("eps_low", "eps_high", "horizon", "delta_v", "is_cap", "ratio_mask_c", "kl_coef",
             "entropy_coef", "gae_gamma", "gae_lambda", "vf_coef", "value_clip",
             "staleness_rate", "lr", "final_lr_fraction", "max_grad_norm", "weight_decay")
@@ -89,6 +89,9 @@ class AlgoSpec:
     logprob_chunk: ≥ 0 sequence positions per chunk of the learner's log-prob/entropy over
       the vocabulary (``scoring``): the [B, T, V] float32 logits never exist at once, only
       [B, chunk, V], recomputed in the backward pass; 0 = off (the whole [B, T, V]).
+    pack_sequences: the learner's forward passes run on packed rows (``packing``: each
+      micro-batch's real tokens end to end in as few full-width rows as fit, bucketed),
+      not on the [B, T] padded layout; the same loss and gradient up to float rounding.
     lr: peak learning rate > 0. warmup_steps: ≥ 0 optimizer steps of linear warmup.
     lr_schedule: one of ``SCHEDULES``. final_lr_fraction: ∈ [0, 1], the cosine schedule's
       final lr / lr. max_grad_norm: > 0, global-norm clip. weight_decay: ≥ 0 (AdamW).
@@ -122,6 +125,7 @@ class AlgoSpec:
   num_minibatches: int = 1
   grad_accum_steps: int = 1
   logprob_chunk: int = 0
+  pack_sequences: bool = True
   lr: float = 1e-4
   warmup_steps: int = 10
   lr_schedule: str = "cosine"

@@ -15,13 +15,14 @@ from typing import Any, Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
-from jaxreplay.rl import diagnostics, losses, value
+from jaxreplay.rl import diagnostics, losses, packing, value
 from jaxreplay.rl.objective import gae_advantages, item_weights, objective
-from jaxreplay.rl.scoring import (merge_micro_batches, micro_batches, policy_and_values,
-                                  token_logprobs)
+from jaxreplay.rl.scoring import (merge_micro_batches, micro_batches, packed_scores,
+                                  policy_and_values, token_logprobs)
 from jaxreplay.rl.spec import SCHEDULES, AlgoSpec
 from jaxreplay.rollout import Rollout
 
@@ -147,9 +148,13 @@ def init_train_state(graphdef: nnx.GraphDef, params, optimizer: optax.GradientTr
 
 
 def _make_forward(graphdef, spec: AlgoSpec, temperature, top_k, top_p) -> Callable:
-  """``forward(params, value_params, batch) -> (logp, entropy, values or None)``, [B, T] each."""
+  """``forward(params, value_params, batch, plan=None) -> (logp, entropy, values or None)``,
+  [B, T] each; with a ``packing.PackPlan`` of the batch's rows the pass runs packed."""
 
-  def forward(params, value_params, batch):
+  def forward(params, value_params, batch, plan=None):
+    if plan is not None:
+      return packed_scores(graphdef, params, batch.tokens, plan, temperature, top_k, top_p,
+                           spec.logprob_chunk, value_params)
     if value_params is None:
       logp, ent = token_logprobs(graphdef, params, batch.tokens, batch.attention_mask, temperature,
                                  top_k, top_p, spec.logprob_chunk)
@@ -165,8 +170,8 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
                  top_p: float = 1.0) -> Callable:
   """The loss, metrics and gradient of one minibatch, accumulated over micro-batches.
 
-  ``grad_fn(trainable, batch, weights, staleness, prox, ref, v_start) -> ((loss, metrics),
-  grads)``, traceable (the caller jits). ``trainable`` is the policy's parameters, or
+  ``grad_fn(trainable, batch, weights, staleness, prox, ref, v_start, plan=None) ->
+  ((loss, metrics), grads)``, traceable (the caller jits). ``trainable`` is the policy's parameters, or
   ``(params, value_params)`` with a value head. With ``algo.grad_accum_steps = 1`` it is
   ``jax.value_and_grad`` of ``objective`` over the whole minibatch. With n > 1 the R rows
   are split into n micro-batches (``micro_batches``) scanned with ``lax.scan``, so only one
@@ -184,7 +189,9 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
   Returns:
     grad_fn. Its arguments: batch a Rollout of R rows; weights [R] float32;
     staleness [R] int32; prox, ref, v_start [R, T] float32 or None (the proximal,
-    reference log-probs and start values, held constant). It returns the float32 scalar
+    reference log-probs and start values, held constant); plan None (full width) or the
+    ``packing.PackPlan`` of each micro-batch, leaves with a leading [grad_accum_steps]
+    axis (``packing.plan_groups``' plans of this minibatch): the forward passes run packed. It returns the float32 scalar
     loss, the ``objective`` metrics (token means over the whole minibatch, ``loss`` and
     ``pg_loss`` its aggregates; see ``diagnostics.combine_updates`` for the rest) and the
     gradient, a pytree like ``trainable`` in its dtypes.
@@ -201,9 +208,9 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
   def split_trainable(trainable):
     return trainable if spec.uses_value_head else (trainable, None)
 
-  def loss_fn(trainable, batch, w, stale, prox, ref, v_start):
+  def loss_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None):
     params, value_params = split_trainable(trainable)
-    logp, ent, values = forward(params, value_params, batch)
+    logp, ent, values = forward(params, value_params, batch, plan)
     adv = returns = None
     if spec.uses_value_head:  # bootstrapped from the values at the start of the step
       adv, returns = gae_advantages(spec, batch, values if v_start is None else v_start,
@@ -213,29 +220,36 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
                      start_values_bt=v_start)
 
   if n_micro == 1:
-    return jax.value_and_grad(loss_fn, has_aux=True)
+    value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def micro_loss(trainable, batch, w, stale, prox, ref, v_start, adv, returns, norm):
+    def whole_grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None):
+      plan = None if plan is None else jax.tree.map(lambda x: x[0], plan)
+      return value_and_grad(trainable, batch, w, stale, prox, ref, v_start, plan)
+
+    return whole_grad_fn
+
+  def micro_loss(trainable, batch, w, stale, prox, ref, v_start, adv, returns, norm, plan):
     params, value_params = split_trainable(trainable)
-    logp, ent, values = forward(params, value_params, batch)
+    logp, ent, values = forward(params, value_params, batch, plan)
     return objective(spec, logp, ent, batch, w, stale, adv_bt=adv, returns_bt=returns,
                      prox_logp_bt=prox, ref_logp_bt=ref, values_bt=values,
                      start_values_bt=v_start, normaliser=norm)
 
-  def grad_fn(trainable, batch, w, stale, prox, ref, v_start):
+  def grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None):
     mask = losses.loss_mask(batch.completion_mask, batch.truncated, spec.mask_truncated)
     norm = losses.aggregate_normaliser(mask, spec.aggregation)
     adv = returns = None
     if spec.uses_value_head:
       params, value_params = split_trainable(sg(trainable))
       logp0, _, values0 = merge_micro_batches(jax.lax.map(
-          lambda mb: forward(params, value_params, mb), micro_batches(batch, n_micro)))
+          lambda a: forward(params, value_params, *a), (micro_batches(batch, n_micro), plan)))
       v_start = values0 if v_start is None else v_start
       adv, returns = gae_advantages(spec, batch, v_start, logp_bt=logp0, ref_logp_bt=ref)
-    xs = micro_batches((batch, w, stale, prox, ref, v_start, adv, returns), n_micro)
+    xs = (micro_batches((batch, w, stale, prox, ref, v_start, adv, returns), n_micro), plan)
 
     def accumulate(g_sum, x):
-      (loss, metrics), g = jax.value_and_grad(micro_loss, has_aux=True)(trainable, *x, norm)
+      (loss, metrics), g = jax.value_and_grad(micro_loss, has_aux=True)(trainable, *x[0], norm,
+                                                                         x[1])
       return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g), (loss, metrics)
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
@@ -279,7 +293,14 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
       so the ratio is 1 at identical parameters (see ``scoring.token_logprobs``).
 
   Returns:
-    The jitted train step.
+    The train step, ``train_step(state, batch, weights=None, staleness=None, plan=None)``.
+    With ``algo.pack_sequences`` (``packing``) every forward pass runs on packed rows:
+    ``plan`` is the ``packing.PackPlan`` of the batch (``train_step.plan_batch(mask)``, host
+    numpy from the [B, T] attention mask: leaves [num_minibatches, grad_accum_steps, ...]);
+    when it is None and the batch is concrete the step computes it on the host (a device
+    to host copy of the mask), inside another trace it runs at full width. Each bucket of
+    packed rows compiles once. ``train_step.lower`` lowers the jitted step. Without
+    ``pack_sequences`` it is the jitted step, always at full width.
 
   Raises:
     ValueError: invalid ``algo`` (at build time); B not divisible by
@@ -294,14 +315,21 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
   # accumulation the whole batch's activations are assumed not to fit.
   n_chunks = spec.num_minibatches * spec.grad_accum_steps if spec.grad_accum_steps > 1 else 1
 
-  def by_micro_batch(fn, batch):
+  n_mb, n_acc = spec.num_minibatches, spec.grad_accum_steps
+
+  def by_micro_batch(fn, batch, plan):
+    if plan is not None:  # the groups the plan packs, one at a time
+      flat_plan = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), plan)
+      return packing.from_groups(jax.lax.map(lambda a: fn(*a), (
+          packing.to_groups(batch, n_mb, n_acc), flat_plan)), n_mb, n_acc)
     if n_chunks == 1:
-      return fn(batch)
-    return merge_micro_batches(jax.lax.map(fn, micro_batches(batch, n_chunks)))
+      return fn(batch, None)
+    return merge_micro_batches(jax.lax.map(lambda mb: fn(mb, None),
+                                           micro_batches(batch, n_chunks)))
 
   forward = _make_forward(graphdef, spec, temperature, top_k, top_p)
 
-  def train_step(state: TrainState, batch: Rollout, weights=None, staleness=None):
+  def train_step(state: TrainState, batch: Rollout, weights=None, staleness=None, plan=None):
     b = batch.rewards.shape[0]
     if b % spec.num_minibatches:
       raise ValueError(f"train.batch_size={b} must be divisible by "
@@ -322,22 +350,24 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     staleness = staleness.astype(jnp.int32)
     ref = prox = v_start = None
     if spec.uses_reference:
-      ref, _ = by_micro_batch(lambda mb: token_logprobs(
-          graphdef, state.ref_params, mb.tokens, mb.attention_mask, temperature, top_k, top_p,
-          spec.logprob_chunk), batch)
+      ref, _, _ = by_micro_batch(lambda mb, p: forward(state.ref_params, None, mb, p), batch,
+                                 plan)
       ref = sg(ref)
     if n_updates > 1 and (spec.loss == "decoupled" or spec.uses_value_head):
       prox, _, v_start = jax.tree.map(sg, by_micro_batch(
-          lambda mb: forward(state.params, state.value_params, mb), batch))
+          lambda mb, p: forward(state.params, state.value_params, mb, p), batch, plan))
     data = (batch, weights, staleness, prox, ref, v_start)
     trainable = state.params if not spec.uses_value_head else (state.params,
                                                                state.value_params)
     idx = jnp.tile(jnp.arange(b).reshape(spec.num_minibatches, -1), (spec.update_epochs, 1))
+    plans = None if plan is None else jax.tree.map(
+        lambda x: jnp.tile(x, (spec.update_epochs,) + (1,) * (x.ndim - 1)), plan)
 
-    def one_update(carry, idx_m):
+    def one_update(carry, xs):
+      idx_m, plan_m = xs
       trainable, opt_state, skipped = carry
       mb = jax.tree.map(lambda x: x[idx_m], data)
-      (loss, metrics), grads = grad_fn(trainable, *mb)
+      (loss, metrics), grads = grad_fn(trainable, *mb, plan_m)
       gnorm = optax.tree.norm(grads)
       finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
       updates, new_opt = optimizer.update(grads, opt_state, trainable)
@@ -352,7 +382,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
               skipped + (~finite).astype(jnp.int32)), (metrics, norm)
 
     (trainable, opt_state, skipped), (per_update, norms) = jax.lax.scan(
-        one_update, (trainable, state.opt_state, state.skipped), idx)
+        one_update, (trainable, state.opt_state, state.skipped), (idx, plans))
     metrics = diagnostics.combine_updates(per_update, spec.update_epochs, norms)
     # An ESS over rows is no weighted mean of the minibatches' ESS; it does not depend on
     # the parameters, so it is taken over the whole batch.
@@ -364,4 +394,21 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
                           step=state.step + 1, skipped=skipped)
     return state, metrics
 
-  return jax.jit(train_step, donate_argnums=(0,))
+  jitted = jax.jit(train_step, donate_argnums=(0,))
+  if not spec.pack_sequences:
+    return jitted
+
+  def plan_batch(mask_bt: np.ndarray) -> packing.PackPlan:
+    return packing.plan_groups(mask_bt, n_mb, n_acc)
+
+  def packed_train_step(state: TrainState, batch: Rollout, weights=None, staleness=None,
+                        plan=None):
+    mask = batch.attention_mask
+    if (plan is None and not isinstance(mask, jax.core.Tracer)
+        and mask.shape[0] % (n_mb * n_acc) == 0):  # else the jitted step raises or runs full
+      plan = plan_batch(np.asarray(mask))
+    return jitted(state, batch, weights, staleness, plan)
+
+  packed_train_step.plan_batch = plan_batch
+  packed_train_step.lower = jitted.lower
+  return packed_train_step

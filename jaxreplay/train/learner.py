@@ -4,6 +4,8 @@
 any use; ``make_learner_step`` fuses ``replay.sample`` with ``rl.train_step`` so a learner
 step is one compiled call with the train state and the buffer donated (PureJaxRL's shape:
 the hot path is one jitted function assembled from pure pieces of ``replay`` and ``rl``).
+With sequence packing (``algo.pack_sequences``) the number of packed rows is a static shape
+chosen on the host from the drawn batch, so the step is two jitted calls around that choice.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxreplay import replay
+from jaxreplay.parallel import multihost
 from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.replay import stats as replay_stats
 from jaxreplay.rl.train_step import TrainState
@@ -45,24 +49,23 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
     ``trained_tokens`` counts completion tokens with reuse; ``first_use_tokens`` those
     of items drawn for the first time (the "trained on at least once" ledger);
     ``batch_bad_slots`` the drawn slots that held no item, plus repeats in a draw without
-    replacement (0 whenever ``make_ready`` held before the draw).
+    replacement (0 whenever ``make_ready`` held before the draw). When ``train_step`` packs
+    sequences (it has ``plan_batch``), the step is a jitted draw (buffer donated), the
+    packing plan of the drawn attention mask on the host, then a jitted update (state
+    donated), and the metrics add ``learner_padding`` (empty ÷ all slots of the packed
+    arrays); ``learner_step.lower`` then lowers the fused full-width step, the packed
+    step's upper bound in memory. Otherwise ``learner_step`` is the fused jitted step.
   """
 
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
-  def learner_step(state: TrainState, buffer: replay.BufferState, key):
+  def draw(step, buffer: replay.BufferState, key):
     valid = buffer.valid
     never_used = valid & (buffer.times_sampled == 0)
-    buffer, s = replay.sample(buffer, key, batch_size, state.step, state.step, sampler_cfg)
+    buffer, s = replay.sample(buffer, key, batch_size, step, step, sampler_cfg)
     if mesh is not None:  # the batch splits over the batch axes (data × fsdp)
       s = s.replace(items=jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
           x, sharding_lib.batch_sharding(mesh, x.ndim, batch_size)), s.items))
     first_use = never_used & (buffer.times_sampled > 0)  # per slot: a duplicate counts once
-    state, metrics = train_step(state, s.items, s.weights, s.staleness)
-    if state_sharding is not None:
-      state = jax.lax.with_sharding_constraint(state, state_sharding)
-    if buffer_sharding is not None:
-      buffer = jax.lax.with_sharding_constraint(buffer, buffer_sharding)
-    metrics.update(replay_stats.batch_stats(s))
+    metrics = replay_stats.batch_stats(s)
     lengths = s.items.completion_mask.sum(-1, dtype=jnp.int32)
     metrics.update(batch_bad_slots=_bad_slots(valid, s, sampler_cfg),
                    trained_tokens=lengths.sum(),
@@ -72,8 +75,39 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
     if cost is not None:
       metrics["training_flops"] = accounting.training_flops(cost, prompt_len, lengths,
                                                             epochs).sum()
+    if buffer_sharding is not None:
+      buffer = jax.lax.with_sharding_constraint(buffer, buffer_sharding)
+    return buffer, s, metrics
+
+  def update(state: TrainState, s: replay.SampleResult, plan=None):
+    kwargs = {} if plan is None else {"plan": plan}
+    state, metrics = train_step(state, s.items, s.weights, s.staleness, **kwargs)
+    if state_sharding is not None:
+      state = jax.lax.with_sharding_constraint(state, state_sharding)
+    return state, metrics
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def fused_step(state: TrainState, buffer: replay.BufferState, key):
+    buffer, s, batch_metrics = draw(state.step, buffer, key)
+    state, metrics = update(state, s)
+    metrics.update(batch_metrics)
     return state, buffer, metrics
 
+  plan_batch = getattr(train_step, "plan_batch", None)
+  if plan_batch is None:
+    return fused_step
+  draw_jit = jax.jit(draw, donate_argnums=(1,))
+  update_jit = jax.jit(update, donate_argnums=(0,))
+
+  def learner_step(state: TrainState, buffer: replay.BufferState, key):
+    buffer, s, batch_metrics = draw_jit(state.step, buffer, key)
+    plan = plan_batch(multihost.to_host(s.items.attention_mask))
+    state, metrics = update_jit(state, s, plan)
+    metrics.update(batch_metrics)
+    metrics["learner_padding"] = np.float32(np.mean(plan.segment_ids == 0))
+    return state, buffer, metrics
+
+  learner_step.lower = fused_step.lower
   return learner_step
 
 

@@ -1,0 +1,198 @@
+"""Sequence packing (``rl.packing``, ``algo.pack_sequences``): plans place every real token
+once and unpack restores it; packed attention equals each sequence scored alone; the packed
+learner's loss and gradient equal the full-width ones for every policy loss, with gradient
+accumulation, minibatches, a value head, a KL reference and chunked log-probs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxreplay.models.transformer import Transformer, TransformerConfig
+from jaxreplay.rl import losses, packing, train_step
+from jaxreplay.rl.scoring import packed_scores, token_logprobs
+from jaxreplay.rl.spec import AlgoSpec
+from jaxreplay.rollout import Rollout
+
+CFG = TransformerConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2,
+                        head_dim=8, d_ff=32)
+B, P, M = 8, 4, 6
+T = P + M
+PROMPT_LENS = np.array([4, 2, 3, 1, 4, 2, 3, 4])
+COMP_LENS = np.array([6, 1, 3, 0, 2, 5, 4, 1])  # one empty completion, one at the cap
+
+
+def layout(prompt_lens, comp_lens, p, m):
+  """[B, P + M] attention and completion masks: prompts left-padded, completions right-padded."""
+  cols = np.arange(p + m)[None, :]
+  prompt = (cols < p) & (cols >= p - prompt_lens[:, None])
+  comp = (cols >= p) & (cols < p + comp_lens[:, None])
+  return prompt | comp, comp
+
+
+@pytest.fixture(scope="module")
+def setup():
+  graphdef, params = nnx.split(Transformer(CFG, nnx.Rngs(0)), nnx.Param)
+  attn, comp = layout(PROMPT_LENS, COMP_LENS, P, M)
+  tokens = jnp.asarray(jax.random.randint(jax.random.key(1), (B, T), 1, CFG.vocab_size)
+                       * attn, jnp.int32)
+  logp, _ = token_logprobs(graphdef, params, tokens, jnp.asarray(attn))
+  mu = jnp.where(comp, logp + 0.3 * jax.random.normal(jax.random.key(2), (B, T)), 0.0)
+  batch = Rollout(tokens=tokens, attention_mask=jnp.asarray(attn),
+                  completion_mask=jnp.asarray(comp), behaviour_logprobs=mu,
+                  rewards=jnp.asarray(np.arange(B) % 2, jnp.float32),
+                  advantages=jnp.linspace(-1.0, 1.0, B),
+                  group_id=jnp.arange(B, dtype=jnp.int32) // 2,
+                  policy_version=jnp.zeros(B, jnp.int32),
+                  truncated=jnp.asarray(COMP_LENS == M))
+  return graphdef, params, batch
+
+
+def test_bucket_rows_by_hand():
+  assert [packing.bucket_rows(n, 100) for n in (0, 1, 5, 16, 17, 18, 33, 36, 37)] == [
+      1, 1, 5, 16, 18, 18, 36, 36, 40]
+  assert packing.bucket_rows(61, 62) == 62  # the bucket (64) capped at the batch
+  with pytest.raises(ValueError, match="9 packed rows exceed the cap 8"):
+    packing.bucket_rows(9, 8)
+
+
+def test_first_fit_decreasing_by_hand():
+  # longest first: 5 -> bin 0; 4 does not fit bin 0 -> bin 1; 3 fits bin 1 (7); 2 fits bin 0
+  np.testing.assert_array_equal(packing.first_fit_decreasing([5, 3, 4, 2, 0], 7),
+                                [0, 1, 1, 0, -1])
+  with pytest.raises(ValueError, match=r"lengths must be in \[0, 7\]"):
+    packing.first_fit_decreasing([8], 7)
+
+
+def test_plan_by_hand_and_round_trip():
+  mask = np.array([[0, 1, 1, 1, 0],   # 3 real tokens, left- and right-padded
+                   [1, 1, 1, 1, 1],   # 5: a row of its own
+                   [0, 0, 1, 1, 0]],  # 2: fits after row 0
+                  bool)
+  tokens = jnp.arange(1, 16, dtype=jnp.int32).reshape(3, 5)
+  plan = packing.plan_packing(mask)
+  assert plan.src.shape == (2, 5) and plan.dst.shape == (3, 5)
+  packed = np.asarray(packing.pack(tokens, plan))
+  np.testing.assert_array_equal(packed, [[6, 7, 8, 9, 10], [2, 3, 4, 13, 14]])
+  np.testing.assert_array_equal(plan.segment_ids, [[1, 1, 1, 1, 1], [1, 1, 1, 2, 2]])
+  np.testing.assert_array_equal(plan.positions, [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]])
+  np.testing.assert_array_equal(plan.keep, mask & (np.cumsum(mask, 1) > 1))
+  back = np.asarray(packing.unpack(packing.pack(tokens, plan), plan, fill=-1))
+  np.testing.assert_array_equal(back, np.where(plan.keep, np.asarray(tokens), -1))
+  with pytest.raises(ValueError, match="rows=1 is fewer than the 2 packed rows"):
+    packing.plan_packing(mask, rows=1)
+
+
+def test_random_plans_place_every_real_token_once():
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    b, t = rng.integers(1, 12), rng.integers(1, 20)
+    mask = rng.random((b, t)) < rng.random()
+    plan = packing.plan_packing(mask)
+    src, seg = np.asarray(plan.src), np.asarray(plan.segment_ids)
+    assert sorted(src[seg > 0].tolist()) == np.flatnonzero(mask.reshape(-1)).tolist()
+    flat_tokens = np.arange(b * t)
+    packed = flat_tokens[src]  # packing.pack's gather, in numpy
+    np.testing.assert_array_equal(packed.reshape(-1)[np.asarray(plan.dst)[mask]],
+                                  flat_tokens.reshape(b, t)[mask])
+    needed = packing.first_fit_decreasing(mask.sum(1), t).max() + 1
+    assert plan.src.shape[0] == packing.bucket_rows(int(needed), b)
+
+
+def test_groups_follow_the_train_steps_micro_batches():
+  rows = packing.group_rows(8, 2, 2)
+  np.testing.assert_array_equal(rows, [[[0, 2], [1, 3]], [[4, 6], [5, 7]]])
+  x = jnp.arange(8)
+  np.testing.assert_array_equal(packing.to_groups(x, 2, 2), rows.reshape(4, 2))
+  np.testing.assert_array_equal(packing.from_groups(packing.to_groups(x, 2, 2), 2, 2), x)
+  mb = train_step.micro_batches(x[4:], 2)  # minibatch 1's micro-batches
+  np.testing.assert_array_equal(mb, rows[1])
+
+
+def test_packed_attention_equals_each_sequence_alone(setup):
+  graphdef, params, batch = setup
+  model = nnx.merge(graphdef, params)
+  attn = np.asarray(batch.attention_mask)
+  plan = packing.plan_packing(attn)
+  assert plan.src.shape[0] < B
+  tok = packing.pack(batch.tokens, plan)
+  h_packed = np.asarray(model.hidden(tok, plan.mask, plan.segment_ids, plan.positions))
+  # one sequence per row, padded: each row's attention sees that sequence alone
+  alone = np.asarray(model.hidden(batch.tokens, batch.attention_mask))
+  flat = h_packed.reshape(-1, CFG.d_model)
+  np.testing.assert_allclose(flat[np.asarray(plan.dst)[attn]], alone[attn], rtol=1e-5,
+                             atol=1e-5)
+  assert np.asarray(plan.segment_ids).max() > 1  # some rows hold several sequences
+
+
+@pytest.mark.parametrize("chunk", [0, 3])
+def test_packed_scores_equal_full_width_on_predicted_columns(setup, chunk):
+  graphdef, params, batch = setup
+  plan = packing.plan_packing(np.asarray(batch.attention_mask))
+  logp, ent, _ = packed_scores(graphdef, params, batch.tokens, plan, 0.9, chunk=chunk)
+  ref_logp, ref_ent = token_logprobs(graphdef, params, batch.tokens, batch.attention_mask,
+                                     0.9, chunk=chunk)
+  keep = np.asarray(plan.keep)
+  np.testing.assert_allclose(np.asarray(logp)[keep], np.asarray(ref_logp)[keep], atol=2e-5)
+  np.testing.assert_allclose(np.asarray(ent)[keep], np.asarray(ref_ent)[keep], atol=2e-5)
+  assert np.all(np.asarray(logp)[~keep] == 0)
+
+
+def _algo(loss, **kw):
+  algo = dict(loss=loss, entropy_coef=0.01, staleness_buckets=(0,), **kw)
+  if loss == "asymre":
+    algo["advantage"] = "dr_grpo"
+  return algo
+
+
+def test_packed_gradient_equals_full_width_for_every_loss(setup):
+  graphdef, params, batch = setup
+  stale = jnp.arange(B, dtype=jnp.int32) % 3
+  weights = jnp.linspace(0.5, 1.5, B)
+  prox = batch.behaviour_logprobs * 0.9
+  plan = jax.tree.map(lambda x: x[0], packing.plan_groups(np.asarray(batch.attention_mask)))
+  fns = [train_step.make_grad_fn(graphdef, _algo(name), 1.0)
+         for name in losses.POLICY_LOSSES]
+
+  def all_losses(p, plan):
+    return [f(p, batch, weights, stale, prox, None, None, plan) for f in fns]
+
+  full = jax.jit(all_losses)(params, None)
+  packed = jax.jit(all_losses)(params, plan)
+  for name, ((l_f, m_f), g_f), ((l_p, m_p), g_p) in zip(losses.POLICY_LOSSES, full, packed):
+    assert abs(float(l_f)) > 1e-4, name
+    np.testing.assert_allclose(float(l_p), float(l_f), rtol=1e-5, atol=1e-7, err_msg=name)
+    np.testing.assert_allclose(float(m_p["entropy"]), float(m_f["entropy"]), rtol=1e-5,
+                               err_msg=name)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6,
+                                                         err_msg=name), g_p, g_f)
+
+
+@pytest.mark.parametrize("algo", [
+    dict(advantage="gae", kl_coef=0.1, num_minibatches=2, grad_accum_steps=2,
+         logprob_chunk=3),
+    dict(loss="decoupled", kl_coef=0.05, kl_mode="loss", update_epochs=2, grad_accum_steps=2),
+], ids=["gae_kl_minibatches_accum_chunk", "decoupled_prox_ref"])
+def test_packed_train_step_equals_full_width(setup, algo):
+  graphdef, params, batch = setup
+  algo = dict(algo, warmup_steps=0, lr_schedule="constant", lr=1e-2, staleness_buckets=(0,))
+  out = {}
+  for pack in (False, True):
+    spec = AlgoSpec.from_config(dict(algo, pack_sequences=pack))
+    opt = train_step.make_optimizer(spec, 10)
+    step = train_step.make_train_step(graphdef, opt, spec, 1.0)
+    assert hasattr(step, "plan_batch") == pack
+    state = train_step.init_train_state(graphdef, jax.tree.map(jnp.copy, params), opt, spec)
+    out[pack] = step(state, batch)
+  (s_f, m_f), (s_p, m_p) = out[False], out[True]
+  for key in ("loss", "pg_loss", "entropy", "grad_norm", "kl_ref"):
+    np.testing.assert_allclose(float(m_p[key]), float(m_f[key]), rtol=1e-4, atol=1e-7,
+                               err_msg=key)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               (s_p.params, s_p.value_params), (s_f.params, s_f.value_params))
+
+
+def test_pack_sequences_must_be_a_bool():
+  with pytest.raises(ValueError, match=r"^algo\.pack_sequences=1 is invalid: must be a bool$"):
+    AlgoSpec.from_config({"pack_sequences": 1})
