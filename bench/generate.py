@@ -21,11 +21,19 @@ is optimistic). On a GPU, Hugging Face runs on the same GPU (torch CUDA).
 
 Usage: python bench/generate.py [--layers 2 --hidden 256 --batch 32 --new 64 --rounds 5]
 Keep other work off the machine while it runs: results on a shared CPU vary ~2x.
+
+``--lengths realistic`` measures where the engines spend their work on long, ragged
+completions instead (``realistic``): completion lengths drawn from a lognormal with the
+shape of real RL runs (mean/cap = 300/1024, ~2% truncated at the cap; scaled by
+``--scale``, default 1/4: mean 75, cap 256, prompts ~32 real tokens padded to 96), imposed
+on both sides by forcing the stop token at each request's drawn length. Its last line is
+one line of key=value ratios, each from a baseline measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -60,6 +68,12 @@ def parse():
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   p.add_argument("--ynn", action="store_true", help="use XLA's experimental YNNPACK dot kernels")
   p.add_argument("--skip_hf", action="store_true", help="only time jaxreplay (e.g. on a GPU)")
+  p.add_argument("--lengths", default="fixed", choices=["fixed", "realistic"],
+                 help="fixed: every row M tokens (throughput, roofline); realistic: ragged")
+  p.add_argument("--scale", type=float, default=0.25,
+                 help="realistic: lengths and prompt width as a fraction of 1024/384")
+  p.add_argument("--slots", type=int, default=32, help="realistic: decode slots S")
+  p.add_argument("--group", type=int, default=16, help="realistic: samples per prompt G")
   p.add_argument("--torch_threads", type=int, default=0,
                  help="torch intra-op threads for HF; 0: try 1 and the default, keep the faster")
   return p.parse_args()
@@ -117,8 +131,154 @@ def matmul_flops_s(b: int, d: int, dtype) -> float:
   return best
 
 
+def lognormal_lengths(rng, n: int, mean: float, cap: int, truncated: float = 0.02):
+  """[n] int lengths in [1, cap] from a lognormal with the given mean whose mass above
+  ``cap`` is ``truncated`` (those are clipped to cap): solves exp(mu + s²/2) = mean and
+  mu + z·s = ln cap, z the (1 - truncated) normal quantile."""
+  from scipy.stats import norm
+  z = norm.ppf(1 - truncated)
+  d = np.log(cap) - np.log(mean)  # = z·s - s²/2
+  s = z - np.sqrt(z * z - 2 * d)
+  mu = np.log(mean) - s * s / 2
+  return np.clip(np.round(rng.lognormal(mu, s, n)), 1, cap).astype(np.int32)
+
+
+def realistic(a) -> int:
+  """The ragged-lengths measurement: prints the engine's work ratios, ends with one line."""
+  import torch
+  import transformers
+  from flax import nnx
+
+  from jaxreplay.models import hf
+  from jaxreplay.sampling import engine, generate
+
+  cap = int(round(1024 * a.scale))
+  mean = 300 * a.scale
+  width = int(round(384 * a.scale))
+  real_prompt = int(round(130 * a.scale))
+  eos = 1
+  rng = np.random.RandomState(0)
+  s, g = a.slots, a.group
+  n_req = 4 * s
+  n_prompts = n_req // g
+  plen = np.clip(rng.normal(real_prompt, real_prompt / 4, n_prompts).round(), 4, width).astype(int)
+  toks = np.zeros((n_prompts, width), np.int64)
+  mask = np.zeros((n_prompts, width), bool)
+  for i, n in enumerate(plen):
+    toks[i, width - n:] = rng.randint(2, a.vocab, n)
+    mask[i, width - n:] = True
+  lengths = lognormal_lengths(rng, n_req, mean, cap)
+  print(f"lengths: mean {lengths.mean():.1f}, cap {cap}, truncated {np.mean(lengths == cap):.3f}; "
+        f"prompts {plen.mean():.1f} real tokens padded to {width}; {n_prompts} prompts x G={g}, "
+        f"S={s} slots", flush=True)
+
+  torch.manual_seed(0)
+  tmp = tempfile.mkdtemp(prefix="jaxreplay_bench_")
+  hcfg = transformers.Qwen2Config(
+      vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.ffn,
+      num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+      max_position_embeddings=4 * (width + 4 * cap), tie_word_embeddings=True,
+      eos_token_id=eos, pad_token_id=0)
+  model_hf = transformers.Qwen2ForCausalLM(hcfg).eval()
+  model_hf.save_pretrained(tmp)
+  cfg, graphdef, params = hf.from_pretrained(tmp, dtype="float32", param_dtype="float32")
+
+  def ours(m=cap, group=g, prompts=(toks, mask), forced=lengths, slots=s, top_p=1.0, seed=0,
+           gd=graphdef, pr=params):
+    gen, st = generate(gd, pr, prompts[0], prompts[1], jax.random.key(seed), max_new_tokens=m,
+                       temperature=1.0, eos_ids=(eos,), pad_id=0, group_size=group,
+                       slots=slots, forced_lengths=forced, top_p=top_p, return_stats=True)
+    assert np.array_equal(np.asarray(gen.length), np.minimum(forced, m)), "forced lengths"
+    return st
+
+  def median_time(fn, reps=a.rounds):
+    fn()  # compile
+    return statistics.median(timed(fn) for _ in range(reps))
+
+  # 1-2: useful row-steps and KV reads of the engine with 4 x S requests.
+  st = ours()
+  useful = st.useful_row_steps / st.row_steps
+  kv = st.kv_needed / st.kv_read
+  print(f"engine: {st}", flush=True)
+
+  # 3: prefill-and-insert of the same prompts shared by G samples vs repeated G times.
+  rep = (np.repeat(toks, g, 0), np.repeat(mask, g, 0))
+  ones = np.ones(n_req, np.int32)
+  t_shared = median_time(lambda: ours(prompts=(toks, mask), group=g, forced=ones, m=1))
+  t_repeat = median_time(lambda: ours(prompts=rep, group=1, forced=ones, m=1))
+  prefill_share = t_shared / t_repeat
+
+  # 4: the same filled lengths with a 4x larger cache.
+  t1 = median_time(lambda: ours())
+  t4 = median_time(lambda: ours(m=4 * cap))
+  capacity_ratio = t4 / t1
+
+  # 5: top-p at a 152k vocabulary (the same model body, a Qwen-sized vocabulary).
+  from jaxreplay.models import Transformer
+  big = dataclasses.replace(cfg, vocab_size=152064)
+  gd_big, pr_big = nnx.split(Transformer(big, nnx.Rngs(0)), nnx.Param)
+  few = np.full(n_req, 16, np.int32)
+  t_nop = median_time(lambda: ours(m=16, forced=few, gd=gd_big, pr=pr_big), reps=2)
+  t_top = median_time(lambda: ours(m=16, forced=few, gd=gd_big, pr=pr_big, top_p=0.95), reps=2)
+  topp_ratio = t_top / t_nop
+  del gd_big, pr_big
+
+  # 6: Hugging Face generate on the same requests, S rows at a time, the same lengths forced.
+  torch.set_num_threads(a.torch_threads or 1)
+  rows_t, rows_m = torch.tensor(rep[0]), torch.tensor(rep[1].astype(np.int64))
+
+  class ForceLength(transformers.LogitsProcessor):
+    def __init__(self, target):
+      self.target = torch.tensor(target)
+
+    def __call__(self, input_ids, scores):
+      t = input_ids.shape[1] - width
+      at = (self.target - 1 == t)[:, None]
+      is_eos = torch.zeros_like(scores, dtype=torch.bool)
+      is_eos[:, eos] = True
+      neg = torch.full_like(scores, -float("inf"))
+      return torch.where(is_eos, torch.where(at, scores, neg), torch.where(at, neg, scores))
+
+  def theirs():
+    with torch.no_grad():
+      for b in range(0, n_req, s):
+        out = model_hf.generate(
+            input_ids=rows_t[b:b + s], attention_mask=rows_m[b:b + s], max_new_tokens=cap,
+            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0,
+            eos_token_id=eos, logits_processor=[ForceLength(lengths[b:b + s])])
+        got = (out[:, width:] != 0).sum(1).numpy()
+        assert np.array_equal(got, lengths[b:b + s]), "HF forced lengths"
+
+  t_hf = median_time(theirs, reps=max(1, a.rounds // 2))
+  vs_hf = t_hf / t1  # the same useful tokens on both sides
+
+  learner = load_learner_bench().measure_learner()
+  print(f"times (s): engine {t1:.2f} (4x cache {t4:.2f}), HF {t_hf:.2f}; insert shared "
+        f"{t_shared:.3f} vs repeated {t_repeat:.3f}; 152k vocab top-p {t_top:.2f} vs {t_nop:.2f}")
+  print(f"device: {jax.devices()[0].platform}, jax {jax.__version__}, {os.cpu_count()} cpus; "
+        f"model Qwen2 {a.layers}x{a.hidden}, vocab {a.vocab}")
+  print(f"useful_row_steps={useful:.3f} kv_read_needed={kv:.3f} prefill_share={prefill_share:.3f} "
+        f"capacity_4x_step_ratio={capacity_ratio:.3f} "
+        f"learner_padding={learner['learner_padding']:.3f} "
+        f"learner_step_vs_full={learner['learner_step_vs_full']:.3f} "
+        f"topp_step_ratio={topp_ratio:.3f} vs_hf={vs_hf:.2f}")
+  return 0
+
+
+def load_learner_bench():
+  """The learner-width benchmark module (bench/learner_width.py) imported by path."""
+  import importlib.util
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "learner_width.py")
+  spec = importlib.util.spec_from_file_location("learner_width", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
 def main():
   a = parse()
+  if a.lengths == "realistic":
+    return realistic(a)
   from flax import nnx
 
   from jaxreplay.models import hf
