@@ -17,7 +17,8 @@ jitted = jax.jit(lp.process_logits, static_argnums=(1, 2, 3))
 
 
 def reference_kept(x, top_k=0, top_p=1.0):
-  """[N, V] bool kept set (finite entries) of the sort-based rule, and the smallest |before - top_p| at a cut."""
+  """[N, V] bool kept set (finite entries) of the sort-based rule, and the smallest
+  |before - top_p| at a row's cut (how far the case is from float32 rounding)."""
   kept, margin = [], np.inf
   for row in np.asarray(x, np.float64):
     vals = np.sort(row)[::-1][:top_k or row.size]
