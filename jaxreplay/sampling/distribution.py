@@ -77,4 +77,6 @@ def sample_token(key: jax.Array, logits: jax.Array, temperature: float, top_k: i
   tok, lp = categorical(key, dist)
   if top_k == 0 and top_p >= 1.0:
     return tok, lp, lp
-  return tok, lp, take(jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1))
+  # The untruncated log-prob of the drawn token alone: one logsumexp, no [B, V] output.
+  scaled = logits.astype(jnp.float32) / temperature
+  return tok, lp, take(scaled) - jax.nn.logsumexp(scaled, axis=-1)
