@@ -261,13 +261,16 @@ def _insert(graphdef, params, state: SlotState, prompts, prompt_len, slot, sourc
   return _constrain(state, mesh)
 
 
-def _force_lengths(logits, step, target, eos):
-  """Logits that stop a request at exactly ``target`` tokens: the stop id ``eos`` is
-  impossible before step target-1 and the only choice at it (a benchmark's length control,
-  the same rule as its Hugging Face logits processor)."""
+def _force_lengths(logits, step, target, eos_ids):
+  """Logits that stop a request at exactly ``target`` tokens: every stop id in ``eos_ids``
+  is impossible before step target-1 and ``eos_ids[0]`` is the only choice at it (a
+  benchmark's length control, the same rule as its Hugging Face logits processor)."""
   at = (step == target - 1)[:, None]
-  is_eos = (jnp.arange(logits.shape[-1]) == eos)[None, :]
-  return jnp.where(is_eos, jnp.where(at, logits, -jnp.inf), jnp.where(at, -jnp.inf, logits))
+  ids = jnp.arange(logits.shape[-1])
+  is_stop = jnp.isin(ids, jnp.asarray(eos_ids, jnp.int32))[None, :]
+  is_first = (ids == eos_ids[0])[None, :]
+  return jnp.where(at, jnp.where(is_first, logits, -jnp.inf),
+                   jnp.where(is_stop, -jnp.inf, logits))
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -292,7 +295,7 @@ def _decode_chunk(graphdef, params, state: SlotState, key, forced, *, width, ste
     logits = st.last_logits
     if forced is not None:
       logits = _force_lengths(logits, st.step, forced[jnp.minimum(st.request, n_req - 1)],
-                              eos_ids[0])
+                              eos_ids)
     keys = jax.vmap(lambda r, t: jax.random.fold_in(jax.random.fold_in(key, r), t))(
         st.request, st.step)
     tok, lp, flp = sample_token(keys, logits, temperature, top_k, top_p)
@@ -353,7 +356,7 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
     chunk_steps: k >= 1, decode steps between host checks (refill, shrink, width).
     mesh: optional mesh (slots split over data × fsdp).
     forced_lengths: optional [N·G] int lengths in [1, M] at which each request is made to
-      emit ``eos_ids[0]`` (and never before): a benchmark's control of completion lengths.
+      emit ``eos_ids[0]`` (and no stop id before): a benchmark's control of completion lengths.
 
   Returns:
     (tokens [N·G, M] int32, logprobs [N·G, M] float32, full_logprobs [N·G, M] float32,

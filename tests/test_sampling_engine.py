@@ -1,0 +1,296 @@
+"""Decode engine tests: slot count, refill, tail shrink and chunk size leave every request's
+tokens unchanged; a prompt prefilled once for its G samples equals G separate prefills;
+attention over the filled prefix of the cache equals the learner's masked full attention;
+forced completion lengths; input validation; and decoding on an 8-device mesh.
+
+Every engine run here shares one request layout (16 left-padded prompts of lengths 1..8,
+G = 2, so 32 requests; M = 24) so that the compiled insert and decode programs are reused
+across tests.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxreplay.models import Transformer, TransformerConfig
+from jaxreplay.parallel import make_mesh
+from jaxreplay.rl.scoring import token_logprobs
+from jaxreplay.sampling import engine, generate
+
+PAD = 0
+STOPS = (2, 3, 5, 7)  # several stop ids: completions of varied length within M
+CFG = TransformerConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                        head_dim=8, d_ff=64, tie_embeddings=False, qkv_bias=True)
+N, G, P_WIDTH, M, TEMP = 16, 2, 8, 24, 1.0
+R = N * G
+REFILL_SLOTS = 16  # < R (refill) and > engine.MIN_SLOTS (the tail shrinks to 8)
+KEY = jax.random.key(7)
+
+
+@pytest.fixture(scope="module")
+def policy():
+  return nnx.split(Transformer(CFG, nnx.Rngs(0)), nnx.Param)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+  """[N, P] left-padded prompts of lengths 1 .. P (every length present), their mask."""
+  rng = np.random.default_rng(0)
+  lengths = np.concatenate([np.arange(1, P_WIDTH + 1), rng.integers(1, P_WIDTH + 1, N - P_WIDTH)])
+  toks = np.full((N, P_WIDTH), PAD, np.int32)
+  mask = np.zeros((N, P_WIDTH), bool)
+  for i, n in enumerate(lengths):
+    toks[i, P_WIDTH - n:] = rng.integers(8, CFG.vocab_size, n)
+    mask[i, P_WIDTH - n:] = True
+  return toks, mask
+
+
+@pytest.fixture(scope="module")
+def forward(policy):
+  """The model's full-sequence logits, jitted once: (params, tokens, mask) -> [B, T, V]."""
+  graphdef, _ = policy
+  return jax.jit(lambda params, tokens, mask: nnx.merge(graphdef, params)(tokens, mask))
+
+
+def run(policy, prompts, **kw):
+  """``generate`` with the shared settings; returns (Generation as NumPy, EngineStats)."""
+  graphdef, params = policy
+  toks, mask = prompts
+  args = dict(max_new_tokens=M, temperature=TEMP, eos_ids=STOPS, pad_id=PAD, group_size=G,
+              chunk_steps=16, return_stats=True) | kw
+  gen, stats = generate(graphdef, params, toks, mask, args.pop("key", KEY), **args)
+  return jax.tree.map(np.asarray, gen), stats
+
+
+class ChunkLog:
+  """Wraps ``engine._decode_chunk``: ``chunks`` holds (slots, steps run) of every chunk and
+  ``kv_specs`` the partition spec of the KV cache it decoded (None off a mesh)."""
+
+  def __init__(self, monkeypatch):
+    self.chunks, self.kv_specs = [], []
+    original = engine._decode_chunk
+
+    def logged(graphdef, params, state, *args, **kw):
+      self.kv_specs.append(getattr(state.k.sharding, "spec", None))  # before donation
+      out = original(graphdef, params, state, *args, **kw)
+      self.chunks.append((int(state.done.shape[0]), int(out[1])))
+      return out
+
+    monkeypatch.setattr(engine, "_decode_chunk", logged)
+
+
+@pytest.fixture(scope="module")
+def refilled(policy, prompts):
+  """The reference run: 16 slots for 32 requests (refill, then the tail shrinks to 8),
+  with the slot count and steps of every decode chunk."""
+  with pytest.MonkeyPatch.context() as mp:
+    log = ChunkLog(mp)
+    gen, stats = run(policy, prompts, slots=REFILL_SLOTS)
+  return gen, stats, log.chunks
+
+
+def assert_same_requests(a, b):
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.length, b.length)
+  np.testing.assert_array_equal(a.mask, b.mask)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+  np.testing.assert_allclose(a.full_logprobs, b.full_logprobs, atol=1e-5)
+
+
+def learner_logprobs(policy, prompts, gen, group_size):
+  """The learner's log-probs of each completion: one full forward of prompt + completion
+  under the attention mask (``rl.scoring.token_logprobs``), completion columns."""
+  graphdef, params = policy
+  toks, mask = (np.repeat(x, group_size, 0) for x in prompts)
+  full = jnp.concatenate([toks, gen.tokens], 1)
+  attn = jnp.concatenate([mask, gen.mask], 1)
+  logp, _ = jax.jit(token_logprobs, static_argnums=(0, 4))(graphdef, params, full, attn, TEMP)
+  return np.asarray(logp)[:, P_WIDTH:]
+
+
+# ---------------------------------------------------------------- slots, refill, chunks
+def test_refill_run_really_refills_and_shrinks(refilled):
+  """With fewer slots than requests the engine inserts several times, prefills each
+  prompt once per insert it appears in, and shrinks to MIN_SLOTS once at most half of
+  the slots still decode; the stats count exactly the row-steps of the chunks run."""
+  gen, stats, chunks = refilled
+  lengths = gen.length
+  assert len(np.unique(lengths)) >= 5 and lengths.min() < M // 2  # varied completions
+  assert stats.inserts > 1
+  assert N <= stats.prefill_rows < R  # a prompt's G samples mostly share one prefill
+  assert stats.useful_row_steps == int(lengths.sum())
+  slot_counts = [s for s, _ in chunks]
+  assert slot_counts[0] == REFILL_SLOTS and slot_counts[-1] == engine.MIN_SLOTS
+  assert stats.chunks == len(chunks)
+  steps = sum(ran for _, ran in chunks)
+  assert stats.row_steps == sum(s * ran for s, ran in chunks)
+  assert stats.row_steps < REFILL_SLOTS * steps  # the tail ran on fewer slots
+  assert stats.useful_row_steps <= stats.row_steps
+  assert stats.programs == 2  # one width (capacity 32 < MIN_WIDTH), two slot counts
+
+
+def test_slot_count_does_not_change_any_request(policy, prompts, refilled):
+  """All requests at once (slots = 0), 16 refilled slots and 3 slots give every request
+  the same tokens and behaviour log-probs."""
+  ref, ref_stats, _ = refilled
+  at_once, at_once_stats = run(policy, prompts, slots=0)
+  odd, odd_stats = run(policy, prompts, slots=3)
+  assert at_once_stats.inserts == 1 and odd_stats.inserts > ref_stats.inserts
+  assert_same_requests(at_once, ref)
+  assert_same_requests(odd, ref)
+  # Random bits follow the request: its two samples differ somewhere, and another key
+  # changes the tokens.
+  assert (ref.tokens[0::2] != ref.tokens[1::2]).any()
+  other, _ = run(policy, prompts, slots=0, key=jax.random.key(8))
+  assert (other.tokens != ref.tokens).any()
+
+
+def test_chunk_size_and_width_buckets_do_not_change_any_request(policy, prompts, refilled,
+                                                               monkeypatch):
+  """One step per chunk, with attention over the first 16 positions while every slot fits
+  in them (a MIN_WIDTH below the capacity), equals 16-step chunks at the full width."""
+  ref, _, _ = refilled
+  monkeypatch.setattr(engine, "MIN_WIDTH", 16)
+  one, stats = run(policy, prompts, slots=3, chunk_steps=1)
+  assert stats.programs == 2  # widths 16 and 32
+  assert stats.kv_read < stats.row_steps * (P_WIDTH + M)
+  assert_same_requests(one, ref)
+
+
+# ---------------------------------------------------------------- shared prefill
+def test_shared_prefill_equals_repeated_prefill(policy, prompts):
+  """G samples of one prefilled prompt equal G copies of the prompt prefilled separately:
+  the same request ids draw the same tokens with the same log-probs."""
+  shared, shared_stats = run(policy, prompts, slots=0)
+  toks, mask = prompts
+  repeated, rep_stats = run(policy, (np.repeat(toks, G, 0), np.repeat(mask, G, 0)), slots=0,
+                            group_size=1)
+  assert shared_stats.prefill_rows == N and rep_stats.prefill_rows == R
+  assert_same_requests(shared, repeated)
+
+
+# ---------------------------------------------------------------- attention over the cache
+def test_decode_step_width_bucket_equals_full_capacity(policy, forward):
+  """decode_step attending to the first w < C cache positions gives the logits of
+  attending to all C positions, for slots filled to different lengths (prompts prefilled
+  into a cache whose other positions hold garbage), and both equal the full forward."""
+  graphdef, params = policy
+  s, w_prompt, capacity, width = N, 16, P_WIDTH + M, 16
+  rng = np.random.default_rng(1)
+  lengths = np.concatenate([[1, w_prompt - 1], rng.integers(1, w_prompt, s - 2)]).astype(np.int32)
+  seqs = rng.integers(8, CFG.vocab_size, (s, capacity)).astype(np.int32)
+  aligned = np.where(np.arange(w_prompt)[None] < lengths[:, None], seqs[:, :w_prompt], PAD)
+  nxt = seqs[np.arange(s), lengths]  # the token decoded after each prompt
+  shape = (CFG.n_layers, s, CFG.n_kv_heads, capacity, CFG.head_dim)
+  garbage_k, garbage_v = (rng.normal(size=shape).astype(np.float32) for _ in range(2))
+
+  @jax.jit
+  def prefill_then_step(params, aligned, lengths, nxt, ck, cv):
+    model = nnx.merge(graphdef, params)
+    k, v, _ = engine.prefill(model, aligned, lengths)
+    ck, cv = ck.at[:, :, :, :w_prompt].set(k), cv.at[:, :, :, :w_prompt].set(v)
+    return (ck,) + tuple(engine.decode_step(model, nxt, lengths, ck, cv, w)
+                         for w in (width, capacity))
+
+  ck, (small, ck_s, cv_s), (full, ck_f, cv_f) = prefill_then_step(
+      params, aligned, lengths, nxt, garbage_k, garbage_v)
+  np.testing.assert_allclose(np.asarray(small), np.asarray(full), atol=1e-5)
+  # (Layers after the first see inputs that went through attention reductions of another
+  # width: equal up to float rounding.)
+  np.testing.assert_allclose(np.asarray(ck_s), np.asarray(ck_f), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(cv_s), np.asarray(cv_f), atol=1e-5)
+  # The new key is written at each slot's length; nothing else changes.
+  changed = np.asarray(ck_f != ck).any(axis=(0, 2, 4))  # [S, C]
+  assert (changed == (np.arange(capacity)[None] == lengths[:, None])).all()
+  # Both equal the full forward of prompt + token (right padding after it).
+  mask = np.arange(capacity)[None] <= lengths[:, None]
+  ref = np.asarray(forward(params, np.where(mask, seqs, PAD), mask))[np.arange(s), lengths]
+  np.testing.assert_allclose(np.asarray(full), ref, atol=1e-5)
+
+
+def test_behaviour_logprobs_equal_learner_full_forward(policy, prompts, refilled):
+  """With refilled slots, G = 2 and left-padded prompts of every length 1 .. P, the
+  engine's behaviour log-probs equal the learner's masked full-forward log-probs."""
+  gen, _, _ = refilled
+  logp = learner_logprobs(policy, prompts, gen, G)
+  comp = gen.mask
+  assert comp.sum() > 100
+  np.testing.assert_allclose(logp[comp], gen.logprobs[comp], atol=1e-5)
+  assert (gen.logprobs[~comp] == 0).all() and (gen.tokens[~comp] == PAD).all()
+
+
+def test_greedy_equals_full_model_greedy_loop(policy, prompts, forward):
+  """Greedy decoding equals argmax over a full forward of the growing sequence, and its
+  stored log-probs are that forward's log-softmax at the chosen tokens."""
+  _, params = policy
+  gen, _ = run(policy, prompts, slots=3, temperature=0.0)
+  toks, mask = prompts
+  seq = np.concatenate([toks, np.full((N, M), PAD, np.int32)], 1)
+  attn = np.concatenate([mask, np.zeros((N, M), bool)], 1)
+  ref_lp = np.zeros((N, M), np.float32)
+  for t in range(M):
+    logits = np.asarray(forward(params, seq, attn))[:, P_WIDTH + t - 1]
+    seq[:, P_WIDTH + t] = logits.argmax(-1)
+    attn[:, P_WIDTH + t] = True
+    top = logits.max(-1)
+    lse = top + np.log(np.exp(logits - top[:, None]).sum(-1))
+    ref_lp[:, t] = logits[np.arange(N), seq[:, P_WIDTH + t]] - lse
+  ref = seq[:, P_WIDTH:]
+  is_stop = np.isin(ref, STOPS)
+  length = np.where(is_stop.any(-1), is_stop.argmax(-1) + 1, M)
+  keep = np.arange(M)[None] < length[:, None]
+  for g in range(G):  # every sample of a prompt is the same greedy completion
+    np.testing.assert_array_equal(gen.length[g::G], length)
+    np.testing.assert_array_equal(gen.tokens[g::G], np.where(keep, ref, PAD))
+    np.testing.assert_allclose(gen.logprobs[g::G], np.where(keep, ref_lp, 0.0), atol=1e-5)
+  assert len(np.unique(ref[:, 0])) > 1  # the prompts lead to different completions
+
+
+# ---------------------------------------------------------------- forced lengths
+def test_forced_lengths_are_exact(policy, prompts):
+  """Each request stops exactly at its forced length (1 and M included), on the first stop
+  id, although other stop ids could otherwise end it earlier."""
+  rng = np.random.default_rng(3)
+  target = rng.integers(1, M + 1, R)
+  target[:4] = [1, M, 1, M]
+  gen, _ = run(policy, prompts, slots=3, forced_lengths=target)
+  np.testing.assert_array_equal(gen.length, target)
+  np.testing.assert_array_equal(gen.tokens[np.arange(R), target - 1], STOPS[0])
+  assert not gen.truncated.any()
+  before = np.arange(M)[None] < (target - 1)[:, None]
+  assert not np.isin(gen.tokens[before], STOPS).any()
+  np.testing.assert_array_equal(gen.mask, np.arange(M)[None] < target[:, None])
+
+
+# ---------------------------------------------------------------- validation
+@pytest.mark.parametrize("field,bad", [("prompt_mask", None), ("slots", dict(slots=-1)),
+                                       ("chunk_steps", dict(chunk_steps=0)),
+                                       ("group_size", dict(group_size=0))])
+def test_bad_input_raises_naming_the_field(policy, prompts, field, bad):
+  """A prompt row without a real token, negative slots, chunk_steps 0 and group_size 0
+  are rejected before any decoding, with the offending field in the message."""
+  toks, mask = prompts
+  if bad is None:  # a prompt row without any real token
+    mask = mask.copy()
+    mask[3] = False
+    bad = {}
+  with pytest.raises(ValueError, match=field):
+    run(policy, (toks, mask), **bad)
+
+
+# ---------------------------------------------------------------- sharding
+def test_mesh_with_refilled_slots_matches_no_mesh(policy, prompts, refilled, monkeypatch):
+  """On a data × fsdp × tensor = 2 × 2 × 2 mesh, refilled and shrinking slots (split over
+  data × fsdp, KV heads over tensor) give the same tokens and log-probs as one device."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices; see tests/conftest.py")
+  ref, ref_stats, ref_chunks = refilled
+  log = ChunkLog(monkeypatch)
+  gen, stats = run(policy, prompts, slots=REFILL_SLOTS, mesh=make_mesh(data=2, fsdp=2, tensor=2))
+  assert log.chunks == ref_chunks  # the same refills and shrink
+  assert stats.inserts == ref_stats.inserts and stats.row_steps == ref_stats.row_steps
+  for spec in log.kv_specs:
+    assert tuple(spec)[1:3] == (("data", "fsdp"), "tensor")
+  assert_same_requests(gen, ref)
