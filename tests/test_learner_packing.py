@@ -11,7 +11,9 @@ from flax import nnx
 
 from jaxreplay.models.transformer import Transformer, TransformerConfig
 from jaxreplay.rl import losses, packing, train_step
-from jaxreplay.rl.scoring import packed_scores, token_logprobs
+from jaxreplay.rl.scoring import (packed_scores, plan_rows, token_logprobs,
+                                  token_logprobs_by_rows)
+from jaxreplay.train.generation import learner_behaviour_logprobs
 from jaxreplay.rl.spec import AlgoSpec
 from jaxreplay.rollout import Rollout
 
@@ -137,6 +139,27 @@ def test_packed_scores_equal_full_width_on_predicted_columns(setup, chunk):
   np.testing.assert_allclose(np.asarray(logp)[keep], np.asarray(ref_logp)[keep], atol=2e-5)
   np.testing.assert_allclose(np.asarray(ent)[keep], np.asarray(ref_ent)[keep], atol=2e-5)
   assert np.all(np.asarray(logp)[~keep] == 0)
+
+
+@pytest.mark.parametrize("rows", [0, 3])
+def test_scoring_passes_packed_equal_full_width(setup, rows):
+  graphdef, params, batch = setup
+  attn = np.asarray(batch.attention_mask)
+  plan = plan_rows(attn, rows)
+  assert plan.dst.shape[:3] == ((1, 3, 3) if rows else (1, 1, B))  # 8 rows padded to 9
+  keep = attn & (np.cumsum(attn, 1) > 1)
+  got = token_logprobs_by_rows(graphdef, params, batch.tokens, batch.attention_mask, 0.9,
+                               chunk=4, rows=rows, plan=plan)
+  want = token_logprobs_by_rows(graphdef, params, batch.tokens, batch.attention_mask, 0.9,
+                                chunk=4, rows=rows)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g)[keep], np.asarray(w)[keep], atol=2e-5)
+  logp_p, m_p = learner_behaviour_logprobs(graphdef, params, batch, temperature=1.0, rows=rows,
+                                           plan=plan)
+  logp_f, m_f = learner_behaviour_logprobs(graphdef, params, batch, temperature=1.0, rows=rows)
+  np.testing.assert_allclose(logp_p, logp_f, atol=2e-5)
+  np.testing.assert_allclose(m_p["behaviour_kl_sampler"], m_f["behaviour_kl_sampler"],
+                             rtol=1e-4)
 
 
 def _algo(loss, **kw):

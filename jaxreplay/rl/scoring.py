@@ -19,6 +19,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxreplay.models.logit_processing import process_logits
@@ -115,9 +116,31 @@ def micro_batch_rows(batch_size: int, algo) -> int:
   return batch_size // (spec.num_minibatches * spec.grad_accum_steps)
 
 
+def plan_rows(attention_mask: np.ndarray, rows: int = 0) -> packing.PackPlan:
+  """The packing plan ``token_logprobs_by_rows`` takes for a batch scored ``rows`` at a time.
+
+  Host numpy. B is padded up to a multiple of ``rows`` with copies of row 0, as
+  ``token_logprobs_by_rows`` pads, and each pass's rows (``micro_batches``) are packed.
+
+  Args:
+    attention_mask: [B, T] bool. rows: ≥ 0 rows per pass; 0 or ≥ B: one pass.
+
+  Returns:
+    ``packing.PackPlan`` with leaves [1, n, ...] (n = passes; ``packing.plan_groups``).
+  """
+  mask = np.asarray(attention_mask, bool)
+  b = mask.shape[0]
+  if not rows or rows >= b:
+    return packing.plan_groups(mask)
+  pad = -b % rows
+  mask = np.concatenate([mask, np.repeat(mask[:1], pad, 0)], 0)
+  return packing.plan_groups(mask, 1, mask.shape[0] // rows)
+
+
 def token_logprobs_by_rows(graphdef: nnx.GraphDef, params, tokens: jax.Array,
                            attention_mask: jax.Array, temperature: float = 1.0, top_k: int = 0,
-                           top_p: float = 1.0, chunk: int = 0, rows: int = 0
+                           top_p: float = 1.0, chunk: int = 0, rows: int = 0,
+                           plan: packing.PackPlan | None = None
                            ) -> tuple[jax.Array, jax.Array]:
   """``token_logprobs`` of a batch, ``rows`` rows at a time (``lax.map``): bounded memory.
 
@@ -131,6 +154,9 @@ def token_logprobs_by_rows(graphdef: nnx.GraphDef, params, tokens: jax.Array,
     graphdef, params, tokens [B, T] int32, attention_mask [B, T] bool, temperature, top_k,
       top_p, chunk: as ``token_logprobs``.
     rows: ≥ 0 rows per pass (static); 0 or ≥ B scores all B rows at once.
+    plan: None (each pass at full width) or ``plan_rows(attention_mask, rows)``: each pass
+      runs on its rows' real tokens packed (``packed_scores``); columns without a
+      prediction (padding, each sequence's first token) are then 0.
 
   Returns:
     (logp [B, T] float32, entropy [B, T] float32), as ``token_logprobs``.
@@ -139,6 +165,15 @@ def token_logprobs_by_rows(graphdef: nnx.GraphDef, params, tokens: jax.Array,
     ValueError: as ``token_logprobs``.
   """
   b = tokens.shape[0]
+  if plan is not None:
+    n = plan.src.shape[1]
+    pad = n * plan.dst.shape[2] - b
+    tokens = jnp.concatenate([tokens, jnp.repeat(tokens[:1], pad, 0)], 0)
+    flat_plan = jax.tree.map(lambda x: x[0], plan)
+    out = jax.lax.map(lambda a: packed_scores(graphdef, params, a[0], a[1], temperature,
+                                              top_k, top_p, chunk)[:2],
+                      (micro_batches(tokens, n), flat_plan))
+    return jax.tree.map(lambda x: x[:b], merge_micro_batches(out))
   if not rows or rows >= b:
     return token_logprobs(graphdef, params, tokens, attention_mask, temperature, top_k, top_p,
                           chunk)

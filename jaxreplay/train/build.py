@@ -207,7 +207,8 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
                                   top_p=cfg.eval.get("top_p") or cfg.sampler.top_p,
                                   chunk=cfg.eval.batch_rows,
                                   mesh=mesh, logprob_chunk=cfg.algo.logprob_chunk,
-                                  score_rows=score_rows)
+                                  score_rows=score_rows,
+                                  pack=cfg.algo.get("pack_sequences", True))
 
   # --- learner and buffer, created on the mesh -------------------------------------------
   # Parameters and optimizer state by PARAM_RULES, the buffer's capacity axis over "data",
@@ -236,8 +237,8 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
   ready = make_ready(b, sampler_cfg)
   drift_fn = make_drift_fn(graphdef, cfg.sampler.temperature, cfg.drift.num_samples,
                            tuple(cfg.algo.staleness_buckets), cfg.sampler.top_k,
-                           cfg.sampler.top_p, cfg.algo.logprob_chunk,
-                           score_rows) if cfg.drift.every else None
+                           cfg.sampler.top_p, cfg.algo.logprob_chunk, score_rows,
+                           pack=cfg.algo.get("pack_sequences", True)) if cfg.drift.every else None
   lag = config_lib.policy_lag(cfg)
 
   run = Run(cfg=cfg, log=log, workdir=workdir, t_start=t_start, task=task, io=io,

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxreplay.rl import diagnostics
-from jaxreplay.rl.scoring import token_logprobs_by_rows
+from jaxreplay.parallel import multihost
+from jaxreplay.rl.scoring import plan_rows, token_logprobs_by_rows
 
 KEYS = ("kl", "ess_seq", "ess_token", "reward", "count")
 
@@ -91,7 +92,7 @@ def sample_slots(valid_c, key, num_samples: int):
 
 def make_drift_fn(graphdef, temperature: float, num_samples: int,
                   edges=diagnostics.DEFAULT_BUCKETS, top_k: int = 0, top_p: float = 1.0,
-                  chunk: int = 0, rows: int = 0):
+                  chunk: int = 0, rows: int = 0, pack: bool = False):
   """Builds ``drift(params, buffer, key, version_now) -> dict`` (jitted, buffer not donated).
 
   Args:
@@ -101,6 +102,9 @@ def make_drift_fn(graphdef, temperature: float, num_samples: int,
     top_k, top_p: the sampler's truncation (log-probs under the same distribution).
     chunk, rows: score ``rows`` items at a time, ``chunk`` positions of the vocabulary
       computations at a time (``scoring.token_logprobs_by_rows``; 0 = all at once).
+    pack: score on packed rows (``scoring.plan_rows``): the function is then a jitted draw,
+      the packing plan of the drawn items on the host, and a jitted scoring pass
+      (``drift.lower`` lowers the unpacked program, the packed one's upper bound in memory).
 
   Returns:
     The function; its output is ``drift_stats`` of S slots sampled uniformly from the
@@ -108,14 +112,29 @@ def make_drift_fn(graphdef, temperature: float, num_samples: int,
   """
   edges = diagnostics._check_edges(edges)
 
-  @jax.jit
-  def drift(params, buffer, key, version_now):
+  def draw(buffer, key):
     s = min(num_samples, buffer.valid.shape[0])
     idx, ok = sample_slots(buffer.valid, key, s)
-    items = jax.tree.map(lambda a: a[idx], buffer.items)
+    return idx, ok, jax.tree.map(lambda a: a[idx], buffer.items)
+
+  def score(params, buffer, idx, ok, items, version_now, plan=None):
     logp, _ = token_logprobs_by_rows(graphdef, params, items.tokens, items.attention_mask,
-                                     temperature, top_k, top_p, chunk, rows)
+                                     temperature, top_k, top_p, chunk, rows, plan)
     return drift_stats(logp, items.behaviour_logprobs, items.completion_mask,
                        buffer.reward[idx], version_now - buffer.policy_version[idx], ok, edges)
 
-  return drift
+  @jax.jit
+  def drift(params, buffer, key, version_now):
+    return score(params, buffer, *draw(buffer, key), version_now)
+
+  if not pack:
+    return drift
+  draw_jit, score_jit = jax.jit(draw), jax.jit(score)
+
+  def packed_drift(params, buffer, key, version_now):
+    idx, ok, items = draw_jit(buffer, key)
+    plan = plan_rows(multihost.to_host(items.attention_mask), rows)
+    return score_jit(params, buffer, idx, ok, items, version_now, plan)
+
+  packed_drift.lower = drift.lower
+  return packed_drift

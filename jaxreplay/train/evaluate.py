@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxreplay.parallel import multihost
-from jaxreplay.rl.scoring import token_logprobs_by_rows
+from jaxreplay.rl.scoring import plan_rows, token_logprobs_by_rows
 from jaxreplay.sampling import generate
 from jaxreplay.tasks.base import Example
 from jaxreplay.train.policy import TextIO, score
@@ -50,13 +50,14 @@ def pass_at_k(num_samples: np.ndarray, num_correct: np.ndarray, k: int) -> np.nd
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "top_k", "top_p",
                                              "logprob_chunk", "rows"))
 def _entropy_sum(graphdef, params, prompt_tokens, prompt_mask, tokens, mask, *, temperature,
-                 top_k=0, top_p=1.0, logprob_chunk=0, rows=0):
-  """(Σ entropy, token count) over completion tokens of one generated chunk."""
+                 top_k=0, top_p=1.0, logprob_chunk=0, rows=0, plan=None):
+  """(Σ entropy, token count) over completion tokens of one generated chunk; with ``plan``
+  (``scoring.plan_rows`` of the [prompt, completion] attention mask) scored packed."""
   full = jnp.concatenate([prompt_tokens, tokens], 1)
   attn = jnp.concatenate([prompt_mask, mask], 1)
   comp = jnp.concatenate([jnp.zeros_like(prompt_mask), mask], 1)
   _, ent = token_logprobs_by_rows(graphdef, params, full, attn, temperature, top_k, top_p,
-                                  logprob_chunk, rows)
+                                  logprob_chunk, rows, plan)
   return jnp.where(comp, ent, 0.0).sum(), comp.sum()
 
 
@@ -64,7 +65,7 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
              max_new_tokens: int, temperature: float, samples_per_example: int,
              chunk: int = 1024, correct_threshold: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, mesh=None, logprob_chunk: int = 0,
-             score_rows: int = 0) -> dict[str, float]:
+             score_rows: int = 0, pack: bool = False) -> dict[str, float]:
   """Held-out accuracy: greedy (temperature 0) and sampled at ``temperature``, with pass@k.
 
   Rewards go through ``policy.score``: the task's scorer, with the same timeout and worker
@@ -90,6 +91,8 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
       (``parallel.multihost.to_host``), which all score them alike.
     logprob_chunk, score_rows: the fresh-sample entropy is computed ``score_rows`` rows and
       ``logprob_chunk`` positions at a time (``scoring.token_logprobs_by_rows``; 0 = all).
+    pack: score the fresh samples' entropy on packed rows (``scoring.plan_rows``), as the
+      learner does with ``algo.pack_sequences``.
 
   Returns:
     {"acc_greedy", "acc_sampled" (= mean reward of the sampled pass), "len_sampled"
@@ -119,10 +122,13 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
       for s in range(0, n, c):
         idx = np.minimum(np.arange(s, s + c), n - 1)
         keep = np.arange(s, s + c) < n  # padding rows of the last chunk do not count
+        comp = out["mask"][idx] & keep[:, None]
+        plan = (plan_rows(np.concatenate([pmask[idx], comp], 1), score_rows) if pack
+                else None)
         e_sum, e_cnt = multihost.to_host(_entropy_sum(
             graphdef, params, jnp.asarray(ptoks[idx]), jnp.asarray(pmask[idx]),
-            jnp.asarray(out["tokens"][idx]), jnp.asarray(out["mask"][idx] & keep[:, None]),
-            temperature=temp, top_k=tk, top_p=tp, logprob_chunk=logprob_chunk, rows=score_rows))
+            jnp.asarray(out["tokens"][idx]), jnp.asarray(comp), temperature=temp, top_k=tk,
+            top_p=tp, logprob_chunk=logprob_chunk, rows=score_rows, plan=plan))
         ent[0] += float(e_sum)
         ent[1] += int(e_cnt)
     return rewards, out["length"], ent[0] / max(ent[1], 1)

@@ -20,7 +20,7 @@ from jaxreplay.parallel import multihost
 from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.rl.advantages import compute_advantages
 from jaxreplay.rl.losses import kl_penalised_rewards
-from jaxreplay.rl.scoring import micro_batch_rows, token_logprobs_by_rows
+from jaxreplay.rl.scoring import micro_batch_rows, plan_rows, token_logprobs_by_rows
 from jaxreplay.rollout import Rollout
 from jaxreplay.sampling import generate
 from jaxreplay.train import accounting
@@ -49,7 +49,7 @@ class Generation(NamedTuple):
                                              "top_k", "top_p", "chunk", "rows"))
 def kl_reward_penalty(graphdef, ref_params, rollout: Rollout, *, temperature: float, beta: float,
                       estimator: str, top_k: int = 0, top_p: float = 1.0, chunk: int = 0,
-                      rows: int = 0) -> jax.Array:
+                      rows: int = 0, plan=None) -> jax.Array:
   """Rewards minus β·Σ_t KL_t(behaviour ‖ reference) per rollout (``algo.kl_mode='reward'``).
 
   The per-token KL estimate uses the stored behaviour log-probs and the frozen
@@ -63,13 +63,14 @@ def kl_reward_penalty(graphdef, ref_params, rollout: Rollout, *, temperature: fl
       sampler's (static). beta: KL coefficient β >= 0. estimator: 'k1', 'k2' or 'k3'.
     chunk, rows: the reference is scored ``rows`` rows and ``chunk`` positions at a time
       (``scoring.token_logprobs_by_rows``; 0 = all at once).
+    plan: None, or ``scoring.plan_rows(attention_mask, rows)``: each pass packed.
 
   Returns:
     [N] float32 penalised rewards.
   """
   ref_logp, _ = token_logprobs_by_rows(graphdef, ref_params, rollout.tokens,
                                        rollout.attention_mask, temperature, top_k, top_p,
-                                       chunk, rows)
+                                       chunk, rows, plan)
   return kl_penalised_rewards(rollout.rewards, rollout.behaviour_logprobs, ref_logp,
                               rollout.completion_mask, beta, estimator)
 
@@ -78,7 +79,7 @@ def kl_reward_penalty(graphdef, ref_params, rollout: Rollout, *, temperature: fl
                                              "chunk", "rows"))
 def learner_behaviour_logprobs(graphdef, params, rollout: Rollout, *, temperature: float,
                                top_k: int = 0, top_p: float = 1.0, chunk: int = 0,
-                               rows: int = 0) -> tuple[jax.Array, dict]:
+                               rows: int = 0, plan=None) -> tuple[jax.Array, dict]:
   """Behaviour log-probs recomputed by the learner's forward (``rollout.behaviour_logprobs='learner'``).
 
   The sampler's cached decode and the learner's full forward round differently in
@@ -97,6 +98,8 @@ def learner_behaviour_logprobs(graphdef, params, rollout: Rollout, *, temperatur
     rollout: [N, T] rollouts with the sampler's behaviour log-probs.
     temperature, top_k, top_p: the sampler's (static). chunk, rows: the learner's
       ``algo.logprob_chunk`` and micro-batch rows (``scoring.micro_batch_rows``).
+    plan: None, or ``scoring.plan_rows(attention_mask, rows)``: each pass runs packed, as
+      the learner does with ``algo.pack_sequences``.
 
   Returns:
     (logp [N, T] float32: the learner's log-probs on completion columns, 0 elsewhere;
@@ -105,7 +108,7 @@ def learner_behaviour_logprobs(graphdef, params, rollout: Rollout, *, temperatur
      ``behaviour_max_abs_log_ratio`` (max |x|)).
   """
   logp, _ = token_logprobs_by_rows(graphdef, params, rollout.tokens, rollout.attention_mask,
-                                   temperature, top_k, top_p, chunk, rows)
+                                   temperature, top_k, top_p, chunk, rows, plan)
   mask = rollout.completion_mask
   logp = jnp.where(mask, logp, 0.0)
   x = jnp.where(mask, logp - rollout.behaviour_logprobs, 0.0)
@@ -197,11 +200,15 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, position: int, ke
   rollout = _place(host, mesh)
   chunk = cfg.algo.logprob_chunk
   rows = micro_batch_rows(cfg.train.batch_size, cfg.algo)
+  # the scoring passes run on packed rows when the learner does (their cost follows the
+  # real tokens); the plan is host numpy from the host attention mask
+  plan = (plan_rows(host.attention_mask, rows)
+          if cfg.algo.get("pack_sequences", True) else None)
   numerics = {}
   if cfg.rollout.behaviour_logprobs == "learner":
     logp, numerics = learner_behaviour_logprobs(
         graphdef, params, rollout, temperature=cfg.sampler.temperature,
-        top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p, chunk=chunk, rows=rows)
+        top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p, chunk=chunk, rows=rows, plan=plan)
     rollout = rollout.replace(behaviour_logprobs=logp)
     numerics = {k: float(v) for k, v in multihost.to_host(numerics).items()}
   shaped = rewards
@@ -209,7 +216,7 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, position: int, ke
     shaped = multihost.to_host(kl_reward_penalty(
         graphdef, ref_params, rollout, temperature=cfg.sampler.temperature,
         beta=cfg.algo.kl_coef, estimator=cfg.algo.kl_estimator, top_k=cfg.sampler.top_k,
-        top_p=cfg.sampler.top_p, chunk=chunk, rows=rows))
+        top_p=cfg.sampler.top_p, chunk=chunk, rows=rows, plan=plan))
   r_pg = rewards.reshape(p, g)
   adv = np.asarray(compute_advantages(jnp.asarray(shaped.reshape(p, g)), cfg.algo.advantage))
   rollout = rollout.replace(advantages=_place(adv.reshape(-1).astype(np.float32), mesh))
