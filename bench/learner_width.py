@@ -53,6 +53,10 @@ def make_batch(rows: int, prompt_width: int, max_new: int, vocab: int, seed: int
                mean: float = MEAN, prompt_real: tuple[int, int] = (24, 40)):
   """A ``Rollout`` of ``rows`` rows at width P + M with lognormal completion lengths.
 
+  The lengths are the lognormal's quantiles at (i + ½)/B, i = 0..B−1, in a random row
+  order: every batch has the distribution's shape (e.g. 1 of 64 rows, 2 of 128, at the cap)
+  rather than one random draw's.
+
   Args:
     rows: B. prompt_width: P. max_new: M (the cap). vocab: token ids drawn in [1, vocab).
     seed: numpy seed. mean: the lognormal's mean (before the cap).
@@ -67,7 +71,8 @@ def make_batch(rows: int, prompt_width: int, max_new: int, vocab: int, seed: int
 
   rng = np.random.default_rng(seed)
   mu, sigma = lognormal_params(mean, max_new)
-  comp = np.clip(np.round(rng.lognormal(mu, sigma, rows)), 1, max_new).astype(np.int64)
+  z = np.array([statistics.NormalDist().inv_cdf((i + 0.5) / rows) for i in range(rows)])
+  comp = np.clip(np.round(np.exp(mu + sigma * rng.permutation(z))), 1, max_new).astype(np.int64)
   plen = rng.integers(prompt_real[0], prompt_real[1] + 1, rows)
   cols = np.arange(prompt_width + max_new)[None]
   prompt = (cols < prompt_width) & (cols >= prompt_width - plen[:, None])

@@ -28,7 +28,7 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
                       cost: accounting.ModelCost | None = None, prompt_len: int = 0,
                       epochs: int = 1, mesh=None, state_sharding=None,
                       buffer_sharding=None):
-  """Fuses buffer sampling and the update into one jitted function (state, buffer donated).
+  """Buffer sampling and the update as one learner step (state and buffer donated).
 
   The sampler's importance weights (uniform: all 1) and each item's staleness go to
   the train step; the batch statistics the paper plots come back in the metrics. The
