@@ -180,8 +180,12 @@ def realistic(a) -> int:
       max_position_embeddings=4 * (width + 4 * cap), tie_word_embeddings=True,
       eos_token_id=eos, pad_token_id=0)
   model_hf = transformers.Qwen2ForCausalLM(hcfg).eval()
+  if a.dtype == "bfloat16":
+    model_hf = model_hf.to(torch.bfloat16)
   model_hf.save_pretrained(tmp)
-  cfg, graphdef, params = hf.from_pretrained(tmp, dtype="float32", param_dtype="float32")
+  hf_device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+  model_hf = model_hf.to(hf_device)
+  cfg, graphdef, params = hf.from_pretrained(tmp, dtype=a.dtype, param_dtype=a.dtype)
 
   def ours(m=cap, group=g, prompts=(toks, mask), forced=lengths, slots=s, top_p=1.0, seed=0,
            gd=graphdef, pr=params):
@@ -225,11 +229,12 @@ def realistic(a) -> int:
 
   # 6: Hugging Face generate on the same requests, S rows at a time, the same lengths forced.
   torch.set_num_threads(a.torch_threads or 1)
-  rows_t, rows_m = torch.tensor(rep[0]), torch.tensor(rep[1].astype(np.int64))
+  rows_t = torch.tensor(rep[0], device=hf_device)
+  rows_m = torch.tensor(rep[1].astype(np.int64), device=hf_device)
 
   class ForceLength(transformers.LogitsProcessor):
     def __init__(self, target):
-      self.target = torch.tensor(target)
+      self.target = torch.tensor(target, device=hf_device)
 
     def __call__(self, input_ids, scores):
       t = input_ids.shape[1] - width
@@ -246,7 +251,7 @@ def realistic(a) -> int:
             input_ids=rows_t[b:b + s], attention_mask=rows_m[b:b + s], max_new_tokens=cap,
             do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0,
             eos_token_id=eos, logits_processor=[ForceLength(lengths[b:b + s])])
-        got = (out[:, width:] != 0).sum(1).numpy()
+        got = (out[:, width:] != 0).sum(1).cpu().numpy()
         assert np.array_equal(got, lengths[b:b + s]), "HF forced lengths"
 
   t_hf = median_time(theirs, reps=max(1, a.rounds // 2))

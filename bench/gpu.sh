@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One prepared GPU check (issue 6): generation throughput vs Hugging Face and learner-step
-# MFU at Qwen2.5-0.5B shapes in bf16. Runs under the machine's own python3 (JAX with CUDA);
+# One prepared GPU check: generation throughput vs Hugging Face with the decode step against
+# the HBM roofline, the engine's ragged-length ratios, and learner-step MFU at Qwen2.5-0.5B
+# shapes in bf16. Runs under the machine's own python3 (JAX with CUDA);
 # falls back to the pinned flax/optax/chex wheels carried in .gpu/wheels if the image's
 # versions cannot import jaxreplay (make them here first, ignored by git:
 # pip download --no-deps -d .gpu/wheels flax==0.12.8 optax==0.2.8 chex==0.1.92), and pass
@@ -18,5 +19,6 @@ if ! python3 -c "from jaxreplay.models import Transformer; import jaxreplay.samp
 fi
 Q="--layers 24 --hidden 896 --heads 14 --kv_heads 2 --ffn 4864 --vocab 151936 --dtype bfloat16"
 timeout 300 python3 bench/generate.py $Q --batch 64 --prompt 128 --new 256 --rounds 3 2>&1 | grep -v Warning | tee $OUT/generate.txt
+timeout 240 python3 bench/generate.py $Q --lengths realistic --scale 0.5 --slots 64 --rounds 2 2>&1 | grep -v Warning | tee $OUT/generate_realistic.txt
 timeout 150 python3 bench/train_step.py --batch 16 --seq 512 2>&1 | tee $OUT/train_step.txt
 timeout 120 python3 bench/train_step.py --batch 32 --seq 512 2>&1 | tail -9 | tee $OUT/train_step_b32.txt
