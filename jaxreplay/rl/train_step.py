@@ -171,9 +171,10 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
   """The loss, metrics and gradient of one minibatch, accumulated over micro-batches.
 
   ``grad_fn(trainable, batch, weights, staleness, prox, ref, v_start, plan=None) ->
-  ((loss, metrics), grads)``, traceable (the caller jits). ``trainable`` is the policy's parameters, or
-  ``(params, value_params)`` with a value head. With ``algo.grad_accum_steps = 1`` it is
-  ``jax.value_and_grad`` of ``objective`` over the whole minibatch. With n > 1 the R rows
+  ((loss, metrics), grads)``, traceable (the caller jits). ``trainable`` is the policy's
+  parameters, or ``(params, value_params)`` with a value head. With
+  ``algo.grad_accum_steps = 1`` it is ``jax.value_and_grad`` of ``objective`` over the
+  whole minibatch. With n > 1 the R rows
   are split into n micro-batches (``micro_batches``) scanned with ``lax.scan``, so only one
   micro-batch's activations are live; each micro-batch's loss is divided by the whole
   minibatch's ``losses.aggregate_normaliser`` (``objective(normaliser=...)``) and the
@@ -191,10 +192,11 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
     staleness [R] int32; prox, ref, v_start [R, T] float32 or None (the proximal,
     reference log-probs and start values, held constant); plan None (full width) or the
     ``packing.PackPlan`` of each micro-batch, leaves with a leading [grad_accum_steps]
-    axis (``packing.plan_groups``' plans of this minibatch): the forward passes run packed. It returns the float32 scalar
-    loss, the ``objective`` metrics (token means over the whole minibatch, ``loss`` and
-    ``pg_loss`` its aggregates; see ``diagnostics.combine_updates`` for the rest) and the
-    gradient, a pytree like ``trainable`` in its dtypes.
+    axis (``packing.plan_groups``' plans of this minibatch): the forward passes run
+    packed. It returns the float32 scalar loss, the ``objective`` metrics (token means
+    over the whole minibatch, ``loss`` and ``pg_loss`` its aggregates; see
+    ``diagnostics.combine_updates`` for the rest) and the gradient, a pytree like
+    ``trainable`` in its dtypes.
 
   Raises:
     ValueError: invalid ``algo``; at trace time R not divisible by

@@ -238,7 +238,8 @@ def build(cfg, log=print) -> tuple[Run, Carry]:
   drift_fn = make_drift_fn(graphdef, cfg.sampler.temperature, cfg.drift.num_samples,
                            tuple(cfg.algo.staleness_buckets), cfg.sampler.top_k,
                            cfg.sampler.top_p, cfg.algo.logprob_chunk, score_rows,
-                           pack=cfg.algo.get("pack_sequences", True)) if cfg.drift.every else None
+                           pack=cfg.algo.get("pack_sequences", True)
+                           ) if cfg.drift.every else None
   lag = config_lib.policy_lag(cfg)
 
   run = Run(cfg=cfg, log=log, workdir=workdir, t_start=t_start, task=task, io=io,
