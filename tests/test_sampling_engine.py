@@ -154,7 +154,7 @@ def test_chunk_size_and_width_buckets_do_not_change_any_request(policy, prompts,
   ref, _, _ = refilled
   monkeypatch.setattr(engine, "MIN_WIDTH", 16)
   one, stats = run(policy, prompts, slots=3, chunk_steps=1)
-  assert stats.programs == 2  # widths 16 and 32
+  assert stats.programs == 5  # widths 16, 20, 24, 28 and 32 (four per octave)
   assert stats.kv_read < stats.row_steps * (P_WIDTH + M)
   assert_same_requests(one, ref)
 
