@@ -42,11 +42,12 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxreplay.parallel import multihost
-from jaxreplay.parallel.sharding import BATCH_AXES, fit_spec
+from jaxreplay.parallel.sharding import BATCH_AXES, batch_sharding, fit_spec
 from jaxreplay.sampling.distribution import sample_token
 
 MIN_WIDTH = 64  # smallest attention width bucket (positions)
 MIN_SLOTS = 8  # the tail shrinks the batch down to this many slots, not below
+PREFILL_PROMPTS = 32  # most prompts one insert call prefills
 
 
 @flax.struct.dataclass
@@ -247,21 +248,35 @@ def init_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: in
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "mesh"), donate_argnames=("state",))
-def _insert(graphdef, params, state: SlotState, prompts, prompt_len, slot, source, request, *,
+def _insert(graphdef, params, state: SlotState, prompts, prompt_len, fill, source, request, *,
             mesh):
-  """Prefills ``prompts`` [N, W] once and copies prompt ``source[j]``'s cache into slot
-  ``slot[j]`` for request ``request[j]`` (j over [J]; ``slot[j] = S`` is a no-op entry)."""
+  """Prefills ``prompts`` [N, W] once; every slot s with ``fill[s]`` ([S] bool) takes
+  prompt ``source[s]``'s cache for request ``request[s]`` ([S] int32 each).
+
+  Written per slot (a gather of the N prefilled prompts, then a select), so with a mesh the
+  slots' arrays stay split as the state is and only the N prompts' keys and values move."""
   model = nnx.merge(graphdef, params)
   k, v, logits = prefill(model, prompts, prompt_len)
   w = prompts.shape[1]
-  set_ = lambda dst, src: dst.at[slot].set(src, mode="drop")
+  sharding = None if mesh is None else _slot_sharding(mesh, state)
+
+  def per_slot(x, axis, like):
+    x = jnp.take(x, source, axis=axis)
+    return x if sharding is None else jax.lax.with_sharding_constraint(x, like)
+
+  def put(dst, new, axis=0):
+    keep = fill.reshape((-1,) + (1,) * (dst.ndim - axis - 1))
+    return jnp.where(keep, new.astype(dst.dtype), dst)
+
+  kv_sh = None if sharding is None else sharding.k
   state = state.replace(
-      k=state.k.at[:, slot, :, :w].set(k[:, source].astype(state.k.dtype), mode="drop"),
-      v=state.v.at[:, slot, :, :w].set(v[:, source].astype(state.v.dtype), mode="drop"),
-      length=set_(state.length, prompt_len[source]),
-      last_logits=set_(state.last_logits, logits[source]),
-      request=set_(state.request, request), step=set_(state.step, jnp.zeros_like(request)),
-      done=set_(state.done, jnp.zeros(request.shape, bool)))
+      k=state.k.at[:, :, :, :w].set(put(state.k[:, :, :, :w], per_slot(k, 1, kv_sh), 1)),
+      v=state.v.at[:, :, :, :w].set(put(state.v[:, :, :, :w], per_slot(v, 1, kv_sh), 1)),
+      length=put(state.length, prompt_len[source]),
+      last_logits=put(state.last_logits,
+                      per_slot(logits, 0, None if sharding is None else sharding.last_logits)),
+      request=put(state.request, request), step=jnp.where(fill, 0, state.step),
+      done=state.done & ~fill)
   return _constrain(state, mesh)
 
 
@@ -344,7 +359,8 @@ def _left_align(tokens: np.ndarray, mask: np.ndarray, pad_id: int, width: int):
 def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, key: jax.Array, *,
         max_new_tokens: int, temperature: float, eos_ids: Sequence[int], pad_id: int,
         top_k: int = 0, top_p: float = 1.0, group_size: int = 1, slots: int = 0,
-        chunk_steps: int = 16, mesh: Mesh | None = None, forced_lengths=None):
+        chunk_steps: int = 16, mesh: Mesh | None = None, forced_lengths=None,
+        prefill_prompts: int = PREFILL_PROMPTS):
   """Decodes G completions of each prompt with S refilled slots (the host loop).
 
   Args:
@@ -359,6 +375,8 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
     slots: S, rows decoded at once (0: one per request); the tail shrinks to powers of two.
     chunk_steps: k >= 1, decode steps between host checks (refill, shrink, width).
     mesh: optional mesh (slots split over data × fsdp).
+    prefill_prompts: most prompts prefilled by one insert call (bounds its memory: the
+      prompts' activations and keys/values; a first fill of many slots takes several).
     forced_lengths: optional [N·G] int lengths in [1, M] at which each request is made to
       emit ``eos_ids[0]`` (and no stop id before): a benchmark's control of completion lengths.
 
@@ -390,6 +408,9 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
   shapes = set()
   place = (lambda x: x) if mesh is None else (
       lambda x: multihost.to_global(x, NamedSharding(mesh, P())))
+  # The prompts to prefill split over the batch axes: each device prefills its share.
+  place_rows = (lambda x: x) if mesh is None else (
+      lambda x: multihost.to_global(x, batch_sharding(mesh, x.ndim, x.shape[0])))
   state = _new_state(cfg, s, capacity, n_req, m, pad_id, mesh)
   host_done = np.ones((s,), bool)
   host_len = np.zeros((s,), np.int32)
@@ -399,28 +420,33 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
   key = key if mesh is None else multihost.to_global(key, NamedSharding(mesh, P()))
   while next_req < n_req or not host_done.all():
     free = np.flatnonzero(host_done)
-    if next_req < n_req and len(free):
-      take = min(len(free), n_req - next_req)
-      reqs = np.arange(next_req, next_req + take)
-      next_req += take
+    while next_req < n_req and len(free):
+      # The next requests that fit the free slots, from at most ``prefill_prompts`` prompts
+      # (requests are ordered by prompt): one prefill batch of bounded memory.
+      last = min(n_req, next_req + len(free), (next_req // group_size + prefill_prompts) * group_size)
+      reqs = np.arange(next_req, last)
+      take = len(reqs)
+      next_req = last
       prompt_ids, source = np.unique(reqs // group_size, return_inverse=True)
       w = min(p, _pow2_at_least(int(plen[prompt_ids].max()), 16))
       n_b = _pow2_at_least(len(prompt_ids), 1)
-      j_b = s  # one insert shape per batch size: the entries past ``take`` are no-ops
       pr = np.full((n_b, w), pad_id, np.int32)
       pr[:len(prompt_ids)] = aligned[prompt_ids, :w]
       pl = np.ones((n_b,), np.int32)
       pl[:len(prompt_ids)] = plen[prompt_ids]
-      slot = np.full((j_b,), s, np.int32)
-      slot[:take] = free[:take]
-      src = np.zeros((j_b,), np.int32)
-      src[:take] = source
-      rq = np.full((j_b,), n_req, np.int32)
-      rq[:take] = reqs
-      state = _insert(graphdef, params, state, *map(place, (pr, pl, slot, src, rq)), mesh=mesh)
-      host_done[free[:take]] = False
-      host_len[free[:take]] = pl[source]
-      host_req[free[:take]] = reqs
+      slots_now = free[:take]
+      fill = np.zeros((s,), bool)
+      fill[slots_now] = True
+      src = np.zeros((s,), np.int32)
+      src[slots_now] = source
+      rq = np.array(host_req, np.int32)
+      rq[slots_now] = reqs
+      state = _insert(graphdef, params, state, place_rows(pr), place_rows(pl),
+                      *map(place, (fill, src, rq)), mesh=mesh)
+      host_done[slots_now] = False
+      host_len[slots_now] = pl[source]
+      host_req[slots_now] = reqs
+      free = free[take:]
       stats.inserts += 1
       stats.prefill_rows += len(prompt_ids)
       stats.prefill_tokens += len(prompt_ids) * w
@@ -478,7 +504,7 @@ def lower_programs(graphdef: nnx.GraphDef, params, *, slots: int, prompt_width: 
     mesh: optional mesh (the state takes ``_slot_sharding``).
 
   Returns:
-    {"insert": compiled prefill of S distinct prompts of width P into S slots,
+    {"insert": compiled prefill of min(S, ``PREFILL_PROMPTS``) prompts of width P into S slots,
      "decode": compiled decode chunk at the full width P + M} (``jax.stages.Compiled``).
   """
   cfg = nnx.merge(graphdef, params).cfg
@@ -491,8 +517,11 @@ def lower_programs(graphdef: nnx.GraphDef, params, *, slots: int, prompt_width: 
                          state, _slot_sharding(mesh, state))
   arg = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
   key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)
-  insert = _insert.lower(graphdef, params, state, arg((slots, prompt_width), jnp.int32),
-                         arg((slots,), jnp.int32), arg((slots,), jnp.int32),
+  rows = lambda shape, dtype: jax.ShapeDtypeStruct(
+      shape, dtype, sharding=None if mesh is None else batch_sharding(mesh, len(shape), shape[0]))
+  n = _pow2_at_least(min(slots, PREFILL_PROMPTS), 1)  # the largest prefill batch
+  insert = _insert.lower(graphdef, params, state, rows((n, prompt_width), jnp.int32),
+                         rows((n,), jnp.int32), arg((slots,), jnp.bool_),
                          arg((slots,), jnp.int32), arg((slots,), jnp.int32), mesh=mesh).compile()
   decode = _decode_chunk.lower(graphdef, params, state, key, None, width=capacity,
                                steps=max(1, min(chunk_steps, max_new_tokens)),
