@@ -23,16 +23,15 @@ configs/qwen2_5_0_5b.py --devices 1 --chip h100`` (XLA:CPU's memory analysis of 
 learner step, sampler, rescoring, drift monitor and evaluation; not measured on a GPU):
   per device, GB        args      out  aliased     temp    total   +resident
     learner          5.93     5.93     5.93    11.34    17.27      17.27
-    sampler          1.98     0.00     0.00     4.20     6.18      10.13
+    sampler          2.67     0.69     0.69     1.64     4.31       8.26
     rescoring        1.98     0.00     0.00     2.51     4.48       8.44
     drift            1.98     0.00     0.00     2.51     4.49       8.44
-    eval sampler     1.98     0.00     0.00    15.01    16.99      20.95
+    eval sampler     4.76     2.78     2.78     5.56    10.32      14.27
     eval entropy     1.98     0.00     0.00     5.66     7.64      11.59
     train state 5.93 GB (parameters 1.98), buffer 0.00 GB
     +resident: total + the state and buffer not among the program's arguments (sampler: 3.95 GB)
-  peak per device: 20.95 GB of 80 GB (26%); fits with 20% headroom (<= 64.0 GB): yes
-  (peak 21.0 GB: within 80% of a 32 GB GPU, 25.6 GB, not of a 24 GB one; there, lower
-  eval.batch_rows.)
+  peak per device: 17.27 GB of 80 GB (22%); fits with 20% headroom (<= 64.0 GB): yes
+  (peak 17.3 GB: within 80% of a 24 GB GPU, 19.2 GB.)
 """
 
 from jaxreplay.config import sibling_config

@@ -17,10 +17,10 @@ every 10 steps) and the held-out entropy score in those rows and chunks too.
 monitor and evaluation; not measured on a GPU):
   per device, GB        args      out  aliased     temp    total   +resident
     learner         11.43    11.43    11.43    17.75    29.18      29.18
-    sampler          3.81     0.00     0.00     7.38    11.19      18.81
+    sampler          4.46     0.65     0.65     4.14     8.60      16.23
     rescoring        3.81     0.00     0.00     3.75     7.55      15.18
     drift            3.81     0.00     0.00     5.77     9.58      17.20
-    eval sampler     3.81     0.00     0.00    13.83    17.64      25.26
+    eval sampler     6.44     2.63     2.63     7.94    14.38      22.00
     eval entropy     3.81     0.00     0.00     3.75     7.56      15.18
     train state 11.43 GB (parameters 3.81), buffer 0.00 GB
     +resident: total + the state and buffer not among the program's arguments (sampler: 7.62 GB)
