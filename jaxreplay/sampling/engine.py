@@ -403,11 +403,12 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
   if forced_lengths is not None:
     if not eos_ids:
       raise ValueError("forced_lengths needs a stop id (eos_ids is empty)")
-    forced = jnp.asarray(np.clip(np.asarray(forced_lengths, np.int32), 1, m))
   stats = EngineStats()
   shapes = set()
   place = (lambda x: x) if mesh is None else (
       lambda x: multihost.to_global(x, NamedSharding(mesh, P())))
+  if forced_lengths is not None:
+    forced = place(np.clip(np.asarray(forced_lengths, np.int32), 1, m))
   # The prompts to prefill split over the batch axes: each device prefills its share.
   place_rows = (lambda x: x) if mesh is None else (
       lambda x: multihost.to_global(x, batch_sharding(mesh, x.ndim, x.shape[0])))
