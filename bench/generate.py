@@ -213,7 +213,7 @@ def realistic(a) -> int:
     aligned, plen_ = engine._left_align(prompts[0], prompts[1], 0, width)
     w = min(width, 1 << int(plen_.max() - 1).bit_length())
     req = np.arange(n_req, dtype=np.int32)
-    args = (aligned[:, :w], plen_, req, req // group, req)
+    args = (aligned[:, :w], plen_, np.ones(n_req, bool), req // group, req)
     times = []
     for _ in range(a.rounds + 1):
       st = engine.init_state(cfg, n_req, width + cap, n_req, cap, 0)

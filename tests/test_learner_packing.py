@@ -219,3 +219,39 @@ def test_packed_train_step_equals_full_width(setup, algo):
 def test_pack_sequences_must_be_a_bool():
   with pytest.raises(ValueError, match=r"^algo\.pack_sequences=1 is invalid: must be a bool$"):
     AlgoSpec.from_config({"pack_sequences": 1})
+
+
+def test_packed_rows_split_over_the_batch_devices():
+  """With the plan's rows placed over data × fsdp (``sharding.place_rows``, rows a multiple
+  of the devices), each of 8 devices holds about an eighth of the packed step's
+  temporaries; a replicated plan makes every device run the whole packed forward."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices; see tests/conftest.py")
+  from jaxreplay.parallel import sharding
+  cfg = TransformerConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
+                          head_dim=8, d_ff=64)
+  graphdef, params = nnx.split(Transformer(cfg, nnx.Rngs(0)), nnx.Param)
+  algo = AlgoSpec.from_config({"loss": "ppo_clip", "pack_sequences": True})
+  opt = train_step.scheduled_adamw(1e-3, 0, 1.0)
+  b, t = 64, 128
+  rng = np.random.default_rng(0)
+  attn = np.arange(t)[None] < rng.integers(8, t, b)[:, None]
+  batch = Rollout(tokens=jnp.asarray(rng.integers(0, 256, (b, t)) * attn, jnp.int32),
+                  attention_mask=jnp.asarray(attn), completion_mask=jnp.asarray(attn),
+                  behaviour_logprobs=jnp.zeros((b, t)), rewards=jnp.zeros(b),
+                  advantages=jnp.ones(b), group_id=jnp.arange(b, dtype=jnp.int32),
+                  policy_version=jnp.zeros(b, jnp.int32), truncated=jnp.zeros(b, bool))
+  step = train_step.make_train_step(graphdef, opt, algo, 1.0)
+  temp = {}
+  for n, place in ((1, True), (8, True), (8, False)):
+    mesh = sharding.make_mesh(data=n, fsdp=1, tensor=1, devices=jax.devices()[:n])
+    state = train_step.init_train_state(graphdef, sharding.shard_params(params, mesh), opt, algo)
+    placed = sharding.shard_batch(batch, mesh)
+    plan = step.plan_batch(attn, multiple=sharding.batch_shards(mesh))
+    plan = sharding.place_rows(plan, mesh) if place else jax.tree.map(jnp.asarray, plan)
+    w, s = jnp.ones(b), jnp.zeros(b, jnp.int32)
+    compiled = jax.jit(lambda st, bt, pl: step(st, bt, w, s, plan=pl)).lower(
+        state, placed, plan).compile()
+    temp[n, place] = compiled.memory_analysis().temp_size_in_bytes
+  assert temp[8, True] < temp[1, True] / 4, temp
+  assert temp[8, False] > 2 * temp[8, True], temp

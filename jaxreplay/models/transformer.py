@@ -12,8 +12,10 @@ handle without graph bookkeeping. The cache update is one ``dynamic_update_slice
 into the whole ``[L, B, K, S, E]`` buffer per layer, which XLA performs in place
 inside a ``while_loop``. Keys are stored head-major (K before S): decode attention then
 reads contiguous [S, E] panels per head, about 2x faster on a CPU than [S, K, E].
-Full sequences and prefill attend with ``jax.nn.dot_product_attention`` (a fused kernel
-where the backend has one); ``hidden`` also scores packed rows of several sequences.
+Full sequences and prefill attend with ``jax.nn.dot_product_attention`` (its XLA
+implementation: in jax 0.10 ``implementation=None`` selects no cuDNN or splash kernel, so
+the [B, H, T, S] logits are still formed inside XLA's fusion); ``hidden`` also scores packed
+rows of several sequences.
 
 Shape letters: B batch, T query length, S key/cache length, D model width,
 H query heads, K key/value heads, G = H/K, E head dim, V vocabulary, F MLP width,
@@ -342,9 +344,9 @@ class Attention(nnx.Module):
              head_major: bool = True) -> jax.Array:
     """Softmax attention (Vaswani et al. 2017, eq. 1) followed by the output projection.
 
-    Runs ``jax.nn.dot_product_attention`` (GQA native; XLA's implementation on CPU, a fused
-    kernel where the backend selects one), which takes keys sequence-major: head-major
-    keys are transposed first. A single query (T = 1, a decode step) instead reads the
+    Runs ``jax.nn.dot_product_attention`` (GQA native; its XLA implementation on every
+    backend, as ``implementation=None`` selects in jax 0.10), which takes keys
+    sequence-major: head-major keys are transposed first. A single query (T = 1, a decode step) instead reads the
     head-major cache directly with an einsum: its logits are only [B, H, 1, S], and a
     transpose would copy the whole cache at every step. Logits and softmax in float32.
 

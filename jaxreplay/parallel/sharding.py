@@ -20,6 +20,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxreplay.parallel import multihost
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
@@ -170,3 +172,26 @@ def make_sharded_array(shape: Sequence[int], dtype: Any, sharding: NamedSharding
   """
   return jax.make_array_from_callback(
       tuple(shape), sharding, lambda idx: np.asarray(read(idx), dtype=dtype))
+
+
+def batch_shards(mesh: Mesh | None) -> int:
+  """Devices a batch axis splits over: the product of the ``data`` and ``fsdp`` sizes (1
+  without a mesh)."""
+  return 1 if mesh is None else int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+
+
+def place_rows(tree: Any, mesh: Mesh | None) -> Any:
+  """Host arrays [..., R, T] placed with their row axis R split over ``data`` × ``fsdp``.
+
+  For packing plans (``jaxreplay.rl.packing.PackPlan``, R a multiple of ``batch_shards``):
+  a pass's packed rows then split over the devices as its batch does, so each device runs
+  the forward of its own rows. Each process passes only its devices' blocks
+  (``multihost.to_global``); without a mesh the tree is returned unchanged.
+  """
+  if mesh is None:
+    return tree
+  def place(x):
+    spec = fit_spec(P(*([None] * (np.ndim(x) - 2)), BATCH_AXES, None), np.shape(x), mesh)
+    return multihost.to_global(np.asarray(x), NamedSharding(mesh, spec))
+
+  return jax.tree.map(place, tree)

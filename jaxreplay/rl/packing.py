@@ -180,13 +180,14 @@ def group_rows(batch_size: int, num_minibatches: int, grad_accum_steps: int) -> 
 
 
 def plan_groups(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: int = 1,
-                rows: int | None = None) -> PackPlan:
+                rows: int | None = None, multiple: int = 1) -> PackPlan:
   """Packing plans of every group of the batch (``group_rows``), at one common R.
 
   Args:
     mask_bt: [B, T] bool attention mask of the whole batch. num_minibatches,
       grad_accum_steps: as ``group_rows``. rows: R, or None for ``bucket_rows`` of the
-      largest group's bins (capped at the group size).
+      largest group's bins (capped at the group size), rounded up to a multiple of
+      ``multiple`` (the devices the packed rows split over, so each holds as many).
 
   Returns:
     PackPlan of numpy arrays with leading axes [n_mb, n_acc]: src, segment_ids,
@@ -202,6 +203,7 @@ def plan_groups(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps:
     t = mask_bt.shape[1]
     needed = max(int(first_fit_decreasing(g.sum(1), t).max()) + 1 for g in groups)
     rows = bucket_rows(needed, idx.shape[-1])
+    rows = -(-rows // multiple) * multiple
   plans = [plan_packing(g, rows) for g in groups]
   return jax.tree.map(lambda *xs: np.stack(xs).reshape(*idx.shape[:2], *xs[0].shape), *plans)
 

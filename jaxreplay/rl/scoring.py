@@ -116,7 +116,7 @@ def micro_batch_rows(batch_size: int, algo) -> int:
   return batch_size // (spec.num_minibatches * spec.grad_accum_steps)
 
 
-def plan_rows(attention_mask: np.ndarray, rows: int = 0) -> packing.PackPlan:
+def plan_rows(attention_mask: np.ndarray, rows: int = 0, multiple: int = 1) -> packing.PackPlan:
   """The packing plan ``token_logprobs_by_rows`` takes for a batch scored ``rows`` at a time.
 
   Host numpy. B is padded up to a multiple of ``rows`` with copies of row 0, as
@@ -124,6 +124,7 @@ def plan_rows(attention_mask: np.ndarray, rows: int = 0) -> packing.PackPlan:
 
   Args:
     attention_mask: [B, T] bool. rows: ≥ 0 rows per pass; 0 or ≥ B: one pass.
+    multiple: each pass's packed rows are a multiple of it (the devices they split over).
 
   Returns:
     ``packing.PackPlan`` with leaves [1, n, ...] (n = passes; ``packing.plan_groups``).
@@ -131,10 +132,10 @@ def plan_rows(attention_mask: np.ndarray, rows: int = 0) -> packing.PackPlan:
   mask = np.asarray(attention_mask, bool)
   b = mask.shape[0]
   if not rows or rows >= b:
-    return packing.plan_groups(mask)
+    return packing.plan_groups(mask, multiple=multiple)
   pad = -b % rows
   mask = np.concatenate([mask, np.repeat(mask[:1], pad, 0)], 0)
-  return packing.plan_groups(mask, 1, mask.shape[0] // rows)
+  return packing.plan_groups(mask, 1, mask.shape[0] // rows, multiple=multiple)
 
 
 def token_logprobs_by_rows(graphdef: nnx.GraphDef, params, tokens: jax.Array,

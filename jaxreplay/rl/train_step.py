@@ -400,13 +400,14 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
   if not spec.pack_sequences:
     return jitted
 
-  def plan_batch(mask_bt: np.ndarray) -> packing.PackPlan:
-    return packing.plan_groups(mask_bt, n_mb, n_acc)
+  def plan_batch(mask_bt: np.ndarray, multiple: int = 1) -> packing.PackPlan:
+    return packing.plan_groups(mask_bt, n_mb, n_acc, multiple=multiple)
 
   def packed_train_step(state: TrainState, batch: Rollout, weights=None, staleness=None,
                         plan=None):
     mask = batch.attention_mask
     if (plan is None and not isinstance(mask, jax.core.Tracer)
+        and getattr(mask, "is_fully_addressable", True)  # a multi-process batch: the caller plans
         and mask.shape[0] % (n_mb * n_acc) == 0):  # else the jitted step raises or runs full
       plan = plan_batch(np.asarray(mask))
     return jitted(state, batch, weights, staleness, plan)

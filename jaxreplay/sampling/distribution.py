@@ -27,7 +27,7 @@ def categorical(key: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array
 
   Args:
     key: PRNG key, or [B] keys (one per row: row b's draw then depends on ``key[b]``
-      alone). logits: [B, V] float32, entries may be -inf (not all of a row).
+      alone); typed keys or raw uint32 ones ([2] and [B, 2]). logits: [B, V] float32, entries may be -inf (not all of a row).
 
   Returns:
     (tokens [B] int32, log_softmax(logits)[token] [B] float32).
@@ -40,7 +40,7 @@ def categorical(key: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array
   e_blk = (e if nb * w == v else jnp.pad(e, ((0, 0), (0, nb * w - v)))).reshape(b, nb, w)
   cb = jnp.cumsum(e_blk.sum(-1), axis=-1)  # [B, nb] cumulative block mass
   z = cb[:, -1]
-  if key.ndim == 1:
+  if key.ndim == (1 if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else 2):
     u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(key) * z
   else:
     u = jax.random.uniform(key, (b,), jnp.float32) * z

@@ -10,15 +10,16 @@ chunks the host loop
    slots of all its samples — the KV cache of a prompt is shared by its G samples rather
    than recomputed G times (JetStream's prefill → insert);
 2. runs a **decode chunk** of up to k steps (``jax.lax.while_loop``, exits early when every
-   slot is done) whose attention reads only the first w cache positions, w a power-of-two
-   bucket of the longest filled slot plus k — so a step's cost follows the filled length,
-   not the capacity C;
+   slot is done) whose attention reads only the first w cache positions, w the longest
+   filled slot plus k rounded up to four sizes per octave (``width_bucket``) — so a step's
+   cost follows the filled length, not the capacity C;
 3. **shrinks** the batch to a smaller power-of-two bucket once no request waits and at most
    half of the slots still decode (the tail of a batch no longer computes finished rows).
 
 Shapes are static per (slots, width) bucket, so XLA compiles a bounded set of programs:
-about log2(C / 64) widths × log2(S) batch sizes at most, one width and one size when every
-request fits in the slots and M is short.
+at most about 4·log2(C / 64) widths × log2(S / 8) batch sizes (one width and one size when
+every request fits in the slots and M is short), plus one prefill program per power-of-two
+prompt count and width.
 
 Random bits: the token of request r at step t is drawn with ``fold_in(fold_in(key, r), t)``
 (``distribution.categorical`` with one key per row), so a request's tokens depend neither
@@ -42,7 +43,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxreplay.parallel import multihost
-from jaxreplay.parallel.sharding import BATCH_AXES, batch_sharding, fit_spec
+from jaxreplay.parallel.sharding import BATCH_AXES, batch_sharding, batch_shards, fit_spec
 from jaxreplay.sampling.distribution import sample_token
 
 MIN_WIDTH = 64  # smallest attention width bucket (positions)
@@ -372,7 +373,8 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
       (``distribution.sample_token``; temperature 0 is greedy). eos_ids: stop ids (each
       stops a request; the stop token is kept). pad_id: written after a stop.
     group_size: G >= 1, completions per prompt; request r is prompt r // G.
-    slots: S, rows decoded at once (0: one per request); the tail shrinks to powers of two.
+    slots: S, rows decoded at once (0: one per request), rounded up to a multiple of the
+      mesh's data × fsdp devices; the tail shrinks to powers of two.
     chunk_steps: k >= 1, decode steps between host checks (refill, shrink, width).
     mesh: optional mesh (slots split over data × fsdp).
     prefill_prompts: most prompts prefilled by one insert call (bounds its memory: the
@@ -391,13 +393,18 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
   toks = np.asarray(prompt_tokens)
   mask = np.asarray(prompt_mask, bool)
   n_prompts, p = toks.shape
+  if prefill_prompts < 1:
+    raise ValueError(f"prefill_prompts={prefill_prompts} must be >= 1")
   if n_prompts and (mask.sum(-1) == 0).any():
     raise ValueError("every prompt row needs at least one real token (prompt_mask all False)")
   n_req = n_prompts * group_size
   m = max_new_tokens
   capacity = p + m
   aligned, plen = _left_align(toks, mask, pad_id, p)
-  s = max(1, min(slots or n_req, n_req))
+  # Slots split over the batch axes: a multiple of their devices (extra slots start free).
+  shards = batch_shards(mesh)
+  s = -(-max(1, min(slots or n_req, n_req)) // shards) * shards
+  min_slots = -(-MIN_SLOTS // shards) * shards
   steps = max(1, min(chunk_steps, m))
   forced = None
   if forced_lengths is not None:
@@ -467,8 +474,8 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
     stats.kv_needed += int(h["needed"])
     host_done, host_len, host_req = (np.array(h[k]) for k in ("done", "length", "request"))
     n_active = int((~host_done).sum())
-    if next_req >= n_req and 0 < n_active <= s // 2 and s > MIN_SLOTS:
-      new_s = max(MIN_SLOTS, _pow2_at_least(n_active, 1))
+    if next_req >= n_req and 0 < n_active <= s // 2 and s > min_slots:
+      new_s = -(-max(min_slots, _pow2_at_least(n_active, 1)) // shards) * shards
       keep = np.concatenate([np.flatnonzero(~host_done), np.flatnonzero(host_done)])[:new_s]
       state = _select_slots(state, place(keep.astype(np.int32)), mesh=mesh)
       host_done, host_len, host_req = host_done[keep], host_len[keep], host_req[keep]

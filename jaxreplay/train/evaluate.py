@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxreplay.parallel import multihost
+from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.rl.scoring import plan_rows, token_logprobs_by_rows
 from jaxreplay.sampling import generate
 from jaxreplay.tasks.base import Example
@@ -123,8 +124,9 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
         idx = np.minimum(np.arange(s, s + c), n - 1)
         keep = np.arange(s, s + c) < n  # padding rows of the last chunk do not count
         comp = out["mask"][idx] & keep[:, None]
-        plan = (plan_rows(np.concatenate([pmask[idx], comp], 1), score_rows) if pack
-                else None)
+        plan = (sharding_lib.place_rows(plan_rows(
+            np.concatenate([pmask[idx], comp], 1), score_rows, sharding_lib.batch_shards(mesh)),
+            mesh) if pack else None)
         e_sum, e_cnt = multihost.to_host(_entropy_sum(
             graphdef, params, jnp.asarray(ptoks[idx]), jnp.asarray(pmask[idx]),
             jnp.asarray(out["tokens"][idx]), jnp.asarray(comp), temperature=temp, top_k=tk,

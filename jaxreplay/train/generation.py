@@ -202,7 +202,8 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, position: int, ke
   rows = micro_batch_rows(cfg.train.batch_size, cfg.algo)
   # the scoring passes run on packed rows when the learner does (their cost follows the
   # real tokens); the plan is host numpy from the host attention mask
-  plan = (plan_rows(host.attention_mask, rows)
+  plan = (sharding_lib.place_rows(plan_rows(host.attention_mask, rows,
+                                            sharding_lib.batch_shards(mesh)), mesh)
           if cfg.algo.get("pack_sequences", True) else None)
   numerics = {}
   if cfg.rollout.behaviour_logprobs == "learner":

@@ -99,10 +99,15 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
   draw_jit = jax.jit(draw, donate_argnums=(1,))
   update_jit = jax.jit(update, donate_argnums=(0,))
 
+  # With a mesh the packed rows split over the batch axes like the batch (R a multiple of
+  # data × fsdp): each device runs the forward of its packed rows, and only the int32
+  # token gather and the per-token outputs cross devices.
+  shards = sharding_lib.batch_shards(mesh)
+
   def learner_step(state: TrainState, buffer: replay.BufferState, key):
     buffer, s, batch_metrics = draw_jit(state.step, buffer, key)
-    plan = plan_batch(multihost.to_host(s.items.attention_mask))
-    state, metrics = update_jit(state, s, plan)
+    plan = plan_batch(multihost.to_host(s.items.attention_mask), multiple=shards)
+    state, metrics = update_jit(state, s, sharding_lib.place_rows(plan, mesh))
     metrics.update(batch_metrics)
     metrics["learner_padding"] = np.float32(np.mean(plan.segment_ids == 0))
     return state, buffer, metrics
