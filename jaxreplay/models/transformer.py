@@ -6,9 +6,10 @@ grouped-query attention, RoPE with the families' scaling options (``linear``,
 ``llama3``, ``yarn``), optional q/k/v (and o, MLP) biases (Qwen2), optional per-head
 QK RMSNorm (Qwen3), tied or untied embeddings.
 
-The KV cache is passed in and returned explicitly (a pytree, not module state), so
-prefill and every decode step are pure functions that ``jit`` and ``lax`` loops
-handle without graph bookkeeping. The cache update is one ``dynamic_update_slice``
+``Transformer.step`` runs one batch against a ``KVCache`` passed in and returned
+explicitly (a pytree, not module state): a plain, whole-batch cache path that tests use as
+the reference; the sampler's decode engine (``jaxreplay.sampling.engine``) keeps per-slot
+caches and calls the blocks' pieces (``Attention.project``, the MLP) itself. The cache update is one ``dynamic_update_slice``
 into the whole ``[L, B, K, S, E]`` buffer per layer, which XLA performs in place
 inside a ``while_loop``. Keys are stored head-major (K before S): decode attention then
 reads contiguous [S, E] panels per head, about 2x faster on a CPU than [S, K, E].
@@ -429,8 +430,9 @@ class Block(nnx.Module):
 class Transformer(nnx.Module):
   """Decoder-only language model.
 
-  ``__call__(tokens, mask)`` scores full sequences (training); ``step`` runs
-  prefill/decode against a ``KVCache`` (sampling). Both give float32 logits.
+  ``__call__(tokens, mask)`` and ``hidden`` score full or packed sequences (training);
+  ``step`` runs prefill/decode of a whole batch against a ``KVCache`` (the reference cache
+  path; sampling uses ``jaxreplay.sampling.engine``). Both give float32 logits.
 
   Parameter paths (used by partition rules and checkpoint conversion):
   ``embed.embedding`` [V, D]; ``blocks.{i}.attn.{q,k,v,o}.kernel`` [in, out] (+ ``.bias``);

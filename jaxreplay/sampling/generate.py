@@ -150,19 +150,16 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
     raise ValueError(f"sampler.chunk_steps={chunk_steps} must be >= 1")
   if mesh is not None:
     params = shard_params(params, mesh, rules)
-  tokens, logprobs, full, length, stats = engine.run(
+  tokens, logprobs, full, _, stats = engine.run(
       graphdef, params, multihost.to_host(prompt_tokens), multihost.to_host(prompt_mask), key,
       max_new_tokens=max_new_tokens, temperature=float(temperature),
       eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id), top_k=int(top_k),
       top_p=float(top_p), group_size=int(group_size), slots=int(slots),
       chunk_steps=int(chunk_steps), mesh=mesh, forced_lengths=forced_lengths)
-  mask = np.arange(max_new_tokens)[None, :] < length[:, None]
-  gen = Generation(tokens=jnp.asarray(np.where(mask, tokens, pad_id), jnp.int32),
-                   logprobs=jnp.asarray(np.where(mask, logprobs, 0.0), jnp.float32),
-                   mask=jnp.asarray(mask),
-                   truncated=jnp.asarray(~np.isin(tokens, np.asarray(eos_ids, np.int32)).any(-1)),
-                   length=jnp.asarray(length, jnp.int32),
-                   full_logprobs=jnp.asarray(np.where(mask, full, 0.0), jnp.float32))
+  tokens, mask, length, truncated = postprocess_stops(tokens, eos_ids, pad_id)
+  gen = Generation(tokens=tokens, logprobs=jnp.where(mask, logprobs, 0.0), mask=mask,
+                   truncated=truncated, length=length,
+                   full_logprobs=jnp.where(mask, full, 0.0))
   if mesh is not None:  # rows split over the batch axes, as the rollouts built from them
     gen = jax.tree.map(lambda x: multihost.to_global(
         np.asarray(x), batch_sharding(mesh, x.ndim, x.shape[0])), gen)
