@@ -377,7 +377,8 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 # value that behaves as that code did: at this value the run resumes; at another, it is a
 # change like any other.
 BEHAVES_AS_ABSENT = {"rollout.behaviour_logprobs": "sampler", "eval.batch_rows": 1024,
-                     "sampler.slots": 0, "sampler.chunk_steps": 16}
+                     "sampler.slots": 0, "sampler.chunk_steps": 16,
+                     "algo.pack_sequences": False}
 
 
 def config_changes(saved: dict, current: dict) -> list[str]:
