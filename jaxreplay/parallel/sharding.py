@@ -175,8 +175,14 @@ def make_sharded_array(shape: Sequence[int], dtype: Any, sharding: NamedSharding
 
 
 def batch_shards(mesh: Mesh | None) -> int:
-  """Devices a batch axis splits over: the product of the ``data`` and ``fsdp`` sizes (1
-  without a mesh)."""
+  """Devices a batch axis splits over.
+
+  Args:
+    mesh: a mesh with ``data`` and ``fsdp`` axes, or None.
+
+  Returns:
+    int: the product of the ``data`` and ``fsdp`` sizes (1 without a mesh).
+  """
   return 1 if mesh is None else int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
 
 
@@ -187,6 +193,13 @@ def place_rows(tree: Any, mesh: Mesh | None) -> Any:
   a pass's packed rows then split over the devices as its batch does, so each device runs
   the forward of its own rows. Each process passes only its devices' blocks
   (``multihost.to_global``); without a mesh the tree is returned unchanged.
+
+  Args:
+    tree: pytree of host arrays of rank >= 2 (any dtype), the same on every process.
+    mesh: the mesh, or None.
+
+  Returns:
+    The tree of global ``jax.Array`` (R split over data × fsdp where they divide it).
   """
   if mesh is None:
     return tree

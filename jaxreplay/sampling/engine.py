@@ -114,7 +114,14 @@ def width_bucket(needed: int, capacity: int) -> int:
   """Attention width for a chunk: ``needed`` rounded up to four sizes per octave (m · 2^j,
   4 <= m < 8: 64, 80, 96, 112, 128, 160, ...; at least ``MIN_WIDTH``), capped at the cache
   capacity C. At most 25% of the read is beyond ``needed``, and lengths 64 .. 4096 use at
-  most 24 widths."""
+  most 24 widths.
+
+  Args:
+    needed: positions the chunk's longest slot will reach (int >= 0). capacity: C.
+
+  Returns:
+    int width w in [min(MIN_WIDTH, C), C], in cache positions.
+  """
   n = max(int(needed), MIN_WIDTH)
   step = 1 << max(0, n.bit_length() - 3)
   return min(capacity, -(-n // step) * step)
@@ -236,7 +243,16 @@ def decode_step(model, tok: jax.Array, length: jax.Array, ck: jax.Array, cv: jax
 
 def init_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int,
                pad_id: int) -> SlotState:
-  """An engine state with every slot free (shapes as ``SlotState``)."""
+  """An engine state with every slot free.
+
+  Args:
+    cfg: the model's ``TransformerConfig`` (L, K, E, V, activation dtype). slots: S.
+    capacity: C cache positions per slot. requests: R. max_new_tokens: M.
+    pad_id: the id the output tokens start as.
+
+  Returns:
+    ``SlotState`` (shapes and dtypes in its docstring), zero caches, ``done`` all True.
+  """
   kv = (cfg.n_layers, slots, cfg.n_kv_heads, capacity, cfg.head_dim)
   out = (requests + 1, max_new_tokens)
   return SlotState(k=jnp.zeros(kv, cfg.dtype), v=jnp.zeros(kv, cfg.dtype),
