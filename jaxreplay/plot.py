@@ -74,7 +74,7 @@ def plot_runs(run_dirs: list[str], out_dir: str, strict: bool = False) -> list[s
   unused and still unused at the end, next to trained tokens counted with reuse).
 
   Args:
-    run_dirs: run directories holding ``metrics.jsonl``.
+    run_dirs: run directories holding metrics (``metrics/``, or an old run's ``metrics.jsonl``).
     out_dir: where the PNG files go (created).
     strict: after writing the figures, raise if some run contributed no point to one of
       them (a run without evaluations, metrics lacking a plotted key, no
@@ -84,7 +84,7 @@ def plot_runs(run_dirs: list[str], out_dir: str, strict: bool = False) -> list[s
     The paths of the PNG files written.
 
   Raises:
-    FileNotFoundError: a run directory without ``metrics.jsonl``.
+    FileNotFoundError: a run directory without metrics.
     ValueError: with ``strict``, a run with an empty series; the message lists each run
       and figure.
   """

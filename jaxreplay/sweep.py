@@ -18,7 +18,7 @@ Every run (configuration × seed) is a subprocess
   python -m jaxreplay.main --config BASE --config.seed=K --config.workdir=WORKDIR/NAME/seedK
          --config.warmstart.cache_dir=WORKDIR/base_policies --config.a.b=v ...
 so the sweep knows nothing of the trainer's internals: it reads back only the files a run
-leaves in its directory (``summary.json``, ``metrics.jsonl``, ``config.json``). Its output
+leaves in its directory (``summary.json``, ``metrics/``, ``config.json``). Its output
 goes to ``WORKDIR/NAME/seedK/sweep.log``. All runs share one base-policy cache, so the runs
 of a seed reuse that seed's warm-started policy (the cache key includes the seed; a
 configuration that overrides a field of the key trains its own, and the sweep says so).
@@ -42,6 +42,8 @@ import subprocess
 import sys
 import time
 from typing import Any
+
+from jaxreplay.train.metrics import has_metrics
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -311,7 +313,7 @@ def run_grid(sweep: dict, workdir: str, only: str | None = None, dry_run: bool =
     if finished(run, steps):
       print_fn(f"{head}: skipped (finished)")
       continue
-    resumed = os.path.exists(os.path.join(run.workdir, "metrics.jsonl"))
+    resumed = has_metrics(run.workdir)
     print_fn(f"{head}: {'resuming' if resumed else 'running'} ({steps} steps, log "
              f"{os.path.join(run.workdir, 'sweep.log')})")
     t0 = time.time()

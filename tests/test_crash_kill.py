@@ -20,6 +20,8 @@ import jax
 import numpy as np
 import pytest
 
+from jaxreplay.train.metrics import has_metrics, read_records
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 12
 OVERRIDES = [
@@ -59,11 +61,9 @@ def _run(tmp, workdir, cache, fault=None):
 
 
 def _steps_logged(workdir):
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
+  if not has_metrics(workdir):
     return []
-  with open(path) as f:
-    return [int(line.split('"step": ')[1].split(",")[0]) for line in f if line.endswith("}\n")]
+  return [r["step"] for r in read_records(workdir)]
 
 
 def _kill_when(tmp, workdir, cache, until, delay):

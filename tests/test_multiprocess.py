@@ -23,7 +23,7 @@ import pytest
 from jaxreplay import config as config_lib
 from jaxreplay.train import checkpoint as ckpt_lib
 from jaxreplay.train.loop import run
-from jaxreplay.train.metrics import read_metrics
+from jaxreplay.train.metrics import read_metrics, read_records
 from multiprocess_worker import tiny_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -125,8 +125,7 @@ def test_metrics_agree_and_only_process_0_wrote_run_files(runs):
   assert wrote0.count("config.json") == 2 and wrote0.count("summary.json") == 2
   assert sorted(w for w in wrote0 if w.startswith("metrics")) == [
       f"metrics.jsonl:{s}" for s in (0, 1, 2, 3)]
-  with open(os.path.join(two_dir, "metrics.jsonl")) as f:
-    steps = [json.loads(line)["step"] for line in f if line.strip()]
+  steps = [r["step"] for r in read_records(two_dir)]
   assert steps == [0, 1, 2, 3]  # each record once: process 1 wrote none
   assert not [f for f in os.listdir(two_dir) if ".tmp-" in f]
   one, two = read_metrics(ref_dir), read_metrics(two_dir)

@@ -11,7 +11,7 @@ import pytest
 
 from jaxreplay.config import ConfigError, load_config
 from jaxreplay.train.loop import restore, run
-from jaxreplay.train.metrics import read_metrics
+from jaxreplay.train.metrics import read_metrics, read_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("generate_s", "train_s", "eval_s")
@@ -77,14 +77,12 @@ def test_rl_improves_the_policy(rl_run):
 
 def test_restore_loads_the_last_checkpoint_without_training(rl_run, cache_dir):
   wd, s = rl_run
-  with open(os.path.join(wd, "metrics.jsonl")) as f:
-    metrics = f.read()
+  metrics = read_records(wd)
   job, carry = restore(small_config(wd, cache_dir, **{"train.steps": 120}), log=lambda *_: None)
   assert carry.step == 120 and int(carry.state.step) == 120
   assert carry.ledger.generated_rollouts == s["generated_rollouts"]
   assert int(carry.buffer.size) == job.cfg.buffer.capacity
-  with open(os.path.join(wd, "metrics.jsonl")) as f:
-    assert f.read() == metrics  # nothing appended
+  assert read_records(wd) == metrics  # nothing written
 
 
 def test_base_policy_is_cached_and_reused(rl_run, cache_dir, tmp_path):

@@ -16,6 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from jaxreplay import config as config_lib  # noqa: E402
 from jaxreplay.tasks.base import math_reward  # noqa: E402
 from jaxreplay.train.loop import run  # noqa: E402
+from jaxreplay.train.metrics import read_records  # noqa: E402
 from jaxreplay.train.policy import HFTextIO  # noqa: E402
 from test_models_tokenizer import CHATML  # noqa: E402
 
@@ -98,7 +99,7 @@ def test_qwen_preset_runs_on_a_tiny_checkpoint(tmp_path):
 
   summary = run(c, log=lambda *_: None)
   assert summary["steps"] == 2 and summary["generated_rollouts"] == 32
-  rows = [json.loads(line) for line in open(os.path.join(c.workdir, "metrics.jsonl"))]
+  rows = read_records(c.workdir)
   first = next(r for r in rows if r["step"] == 1)
   # Step 1 trains on rollouts of the unchanged policy, rescored by the learner
   # (rollout.behaviour_logprobs='learner'): the ratio is exactly 1 in bf16 too, while the
