@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Several JAX processes on this machine, one global mesh over all their devices: the
-# multi-host code path without a cluster (CPU: fake devices, gloo collectives).
+# Layout: 1 node, NUM processes per node (default 2), DEVICES fake CPU devices per process
+# (default 2): one global mesh of NUM × DEVICES devices. The multi-host code path without
+# a cluster (CPU: fake devices, gloo collectives).
 #   bash launch/local_multiprocess.sh 2 configs/small.py --config.workdir=runs/mp
-# NUM processes of DEVICES fake CPU devices each (default 2 × 2 = a 4-device mesh). Every
-# process runs the same command; process 0 prints the summary and writes the run files.
+# Every process runs the same command with its own --config.distributed.process_id;
+# process 0 prints the summary and writes the run files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NUM=${1:-2}; shift || true
-CONFIG=${1:-configs/default.py}; shift || true
+NUM=${1:-2}
+shift || true
+CONFIG=${1:-configs/default.py}
+shift || true
 DEVICES=${DEVICES:-2}
 PORT=${PORT:-$((20000 + RANDOM % 20000))}
 export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
@@ -22,4 +25,4 @@ for ((i = 0; i < NUM; i++)); do
 done
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
-exit $status
+exit "$status"
