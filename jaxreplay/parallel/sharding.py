@@ -18,6 +18,8 @@ from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
+from absl import logging
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxreplay.parallel import multihost
@@ -41,13 +43,66 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
 )
 
 
+def mesh_devices(sizes: Sequence[int], devices: Sequence[Any]) -> np.ndarray:
+  """``devices`` arranged as a (data, fsdp, tensor) array that follows the interconnect.
+
+  ``jax.experimental.mesh_utils`` orders them, the later axes (tensor, then fsdp: the
+  most communication) on the nearest devices: ``create_device_mesh`` maps the axes onto
+  a TPU slice's physical torus (first without splitting a physical axis, then with), and
+  sorts GPUs by id; on CPU it keeps the given order. Devices of several TPU slices
+  (``slice_index``) go through ``create_hybrid_device_mesh`` with the slices on ``data``
+  (over DCN), when their count divides it. Where the topology cannot be mapped (a subset
+  of a slice that is not a cuboid, slices that do not divide ``data``), the devices keep
+  their given order, with a warning.
+
+  Args:
+    sizes: (data, fsdp, tensor), positive ints whose product is ``len(devices)``.
+    devices: ``jax.Device`` objects (or objects with their ``platform``, ``device_kind``,
+      ``id``, and on TPU ``coords``, ``core_on_chip``, ``slice_index`` attributes).
+
+  Returns:
+    numpy object array of shape ``sizes`` holding each device once.
+
+  Raises:
+    ValueError: the product of ``sizes`` is not ``len(devices)``.
+  """
+  sizes, devs = tuple(int(s) for s in sizes), list(devices)
+  if int(np.prod(sizes)) != len(devs):
+    raise ValueError(f"mesh sizes (data, fsdp, tensor)={sizes} need {int(np.prod(sizes))} "
+                     f"devices, have {len(devs)}")
+  slices = sorted({getattr(d, "slice_index", 0) for d in devs})
+  failures = []
+  if len(slices) > 1:
+    n = len(slices)
+    if sizes[0] % n == 0:
+      try:
+        return mesh_utils.create_hybrid_device_mesh(
+            (sizes[0] // n,) + sizes[1:], (n, 1, 1), devs, allow_split_physical_axes=True)
+      except (ValueError, AssertionError, NotImplementedError) as e:
+        failures.append(str(e))
+    else:
+      failures.append(f"{n} slices do not divide mesh.data={sizes[0]}")
+  else:
+    for split in (False, True):
+      try:
+        return mesh_utils.create_device_mesh(sizes, devs, allow_split_physical_axes=split)
+      except (ValueError, AssertionError, NotImplementedError) as e:
+        failures.append(str(e))
+  logging.warning("mesh %s over %d %s devices: no topology-aware order (%s); using the "
+                  "given device order", sizes, len(devs), devs[0].platform,
+                  "; ".join(failures)[:300])
+  return np.asarray(devs, dtype=object).reshape(sizes)
+
+
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A ``("data", "fsdp", "tensor")`` mesh with Auto axis types.
+  """A ``("data", "fsdp", "tensor")`` mesh with Auto axis types, its devices in a
+  topology-aware order (``mesh_devices``).
 
   Args:
     data, fsdp, tensor: axis sizes; one of them may be -1 (the rest of the devices).
-    devices: devices to use (default ``jax.devices()``); all of them are used.
+    devices: devices to use (default ``jax.devices()``); all of them are used (pass
+      ``jax.devices()[:n]`` for a mesh over a prefix).
 
   Returns:
     ``jax.sharding.Mesh`` of shape (data, fsdp, tensor).
@@ -64,10 +119,7 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
     if known == 0 or len(devs) % known:
       raise ValueError(f"mesh sizes {tuple(sizes)} do not divide {len(devs)} devices")
     sizes[sizes.index(-1)] = len(devs) // known
-  if int(np.prod(sizes)) != len(devs):
-    raise ValueError(f"mesh sizes (data, fsdp, tensor)={tuple(sizes)} need {int(np.prod(sizes))} "
-                     f"devices, have {len(devs)}")
-  return Mesh(np.asarray(devs, dtype=object).reshape(sizes), MESH_AXES,
+  return Mesh(mesh_devices(sizes, devs), MESH_AXES,
               axis_types=(jax.sharding.AxisType.Auto,) * 3)
 
 
