@@ -16,24 +16,25 @@ def main(argv) -> None:
   """Runs the configured job and prints its summary; a bad config exits with one line."""
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
-  from jaxreplay.config import ConfigError, distributed_settings
+  from jaxreplay.config import ConfigError, specs, validate
   try:
     cfg = _CONFIG.value  # the config file is loaded lazily: touch it here
     cfg["seed"]
   except (flags.Error, OSError, AttributeError, KeyError, TypeError, ValueError) as e:
     msg = " ".join(str(e).split())
     raise SystemExit(f"jaxreplay: cannot load --config: {msg}") from None
-  try:
-    settings = distributed_settings(cfg)
+  try:  # every section's own fields, before JAX starts (the device checks need it)
+    config = specs(cfg)
   except ConfigError as e:
     raise SystemExit(f"jaxreplay: {e}") from None
+  settings = config.distributed.settings()
   if settings is not None:  # before any other JAX call (launch/: TPU pods, SLURM, local)
     from jaxreplay.parallel import multihost
     multihost.initialize(**settings)
   from jaxreplay.train.checkpoint import CheckpointReadError
   from jaxreplay.train.loop import run  # after flag parsing: keeps --help fast
   try:
-    s = run(cfg)
+    s = run(validate(config))
   except ConfigError as e:  # a bad config fails before any compute, without a traceback
     raise SystemExit(f"jaxreplay: {e}") from None
   except CheckpointReadError as e:  # the machine or the storage failed: nothing was moved
@@ -42,7 +43,7 @@ def main(argv) -> None:
   if jax.process_index() != 0:  # process 0 reports for the job
     return
   print("\n=== jaxreplay summary ===")
-  print(f"held-out accuracy, sampled at T={cfg.sampler.temperature}: "
+  print(f"held-out accuracy, sampled at T={config.sampler.temperature}: "
         f"{s['acc_sampled_before']:.3f} -> {s['acc_sampled_after']:.3f}")
   print(f"held-out accuracy, greedy: {s['acc_greedy_before']:.3f} -> {s['acc_greedy_after']:.3f}")
   print(f"generated tokens: {s['generated_tokens']}  trained tokens: {s['trained_tokens']}  "

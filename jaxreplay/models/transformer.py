@@ -36,12 +36,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxreplay.models.spec import REMAT_POLICIES
+
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # Rematerialisation of each block in the backward pass (``TransformerConfig.remat``):
 # none keeps every activation; full keeps only each block's input and recomputes the rest;
 # dots_saveable keeps the matmul outputs; dots_no_batch keeps those without batch
-# dimensions (the weight-side projections), recomputing attention scores.
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_no_batch")
+# dimensions (the weight-side projections), recomputing attention scores. The names are
+# REMAT_POLICIES (models/spec.py, the model section's choices).
 
 
 def remat_policy(name: str):

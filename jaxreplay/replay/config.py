@@ -9,22 +9,26 @@ Every field is validated in plain Python at construction; a bad value raises
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
+
+from jaxreplay.spec import Spec, fail, field
 
 SAMPLERS = ("uniform", "recency", "priority", "positive_bias", "fresh_first")
 RECENCY_KINDS = ("exponential", "geometric")
 
 
-def _fail(field: str, value: Any, allowed: str):
-  raise ValueError(f"buffer.{field}={value!r} is invalid: {allowed}")
+def _fail(name: str, value: Any, allowed: str):
+  fail("buffer", name, value, allowed)
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplerConfig:
-  """How ``sample`` chooses items and which items it evicts first.
+class SamplerConfig(Spec):
+  """The ``buffer`` section: the buffer's capacity, how ``sample`` chooses items and which
+  items it evicts first.
 
   Attributes:
-    sampler: one of ``SAMPLERS``.
+    capacity: N >= 1, items the buffer holds (the oldest is overwritten first).
+    sampler: how items are drawn, one of ``SAMPLERS``.
       ``uniform``: every valid item equally likely (Arnal et al. 2026, §3.1; the default).
       ``recency``: weights decaying with age (see ``recency``).
       ``priority``: P(i) ∝ (|A_i| + ``priority_eps``)^``priority_alpha`` (Schaul et al. 2016,
@@ -37,17 +41,19 @@ class SamplerConfig:
     replace: draw with replacement (i.i.d. draws). Only ``uniform`` supports both; ``recency``
       and ``priority`` always draw with replacement (their ``probs`` are per-draw
       probabilities), ``positive_bias`` and ``fresh_first`` never do.
-    recency: ``exponential``: w_i = exp(−staleness_i / ``recency_temperature``), staleness in
+    recency: the recency weighting. ``exponential``: w_i = exp(−staleness_i / ``recency_temperature``), staleness in
       policy versions. ``geometric``: w_i = (1−ρ)^age_i with ρ = ``recency_p`` and age_i the
       item's rank by insertion among valid items (0 = newest); a geometric law truncated to
       the items present.
-    recency_temperature: > 0, in policy versions.
-    recency_p: in (0, 1).
+    recency_temperature: > 0, the exponential recency scale, in policy versions.
+    recency_p: in (0, 1), the geometric recency parameter.
     recency_beta: importance-weight exponent for ``recency`` in [0, 1]; 0 (default) keeps the
       bias toward fresh data uncorrected (weights 1).
-    priority_alpha: >= 0 (0 = uniform). priority_beta: in [0, 1]. priority_eps: >= 0, added to
-      |A| so zero-advantage items keep a small chance.
-    positive_bias_delta: δ in [0, 1]. positive_bias_size: N >= 1, the eligible-set size; must be
+    priority_alpha: >= 0, the priority exponent (0 = uniform).
+    priority_beta: in [0, 1], the importance-weight exponent of ``priority``.
+    priority_eps: >= 0, added to |A| so zero-advantage items keep a small chance.
+    positive_bias_delta: δ in [0, 1], the share of correct items in the eligible set.
+    positive_bias_size: N >= 1, the eligible-set size of ``positive_bias``; must be
       <= capacity (checked by ``validate_for``). None is only allowed for other samplers.
     correct_threshold: an item is correct when its stored reward >= this value.
     group_size: G >= 1. G > 1 samples whole aligned groups of G consecutive slots (GRPO
@@ -59,58 +65,39 @@ class SamplerConfig:
       ``max_times_sampled``).
   """
 
-  sampler: str = "uniform"
-  replace: bool = False
-  recency: str = "exponential"
-  recency_temperature: float = 4.0
-  recency_p: float = 0.05
-  recency_beta: float = 0.0
-  priority_alpha: float = 0.6
-  priority_beta: float = 0.4
-  priority_eps: float = 1e-6
-  positive_bias_delta: float = 0.5
-  positive_bias_size: int | None = None
-  correct_threshold: float = 1.0
-  group_size: int = 1
-  max_staleness: int | None = None
-  max_times_sampled: int | None = None
+  SECTION: ClassVar[str] = "buffer"
 
-  def __post_init__(self):
-    if self.sampler not in SAMPLERS:
-      _fail("sampler", self.sampler, f"must be one of {SAMPLERS}")
-    if self.recency not in RECENCY_KINDS:
-      _fail("recency", self.recency, f"must be one of {RECENCY_KINDS}")
-    if not isinstance(self.replace, bool):
-      _fail("replace", self.replace, "must be a bool")
+  capacity: int = field(512, ge=1)
+  sampler: str = field("uniform", choices=SAMPLERS)
+  replace: bool = field(False)
+  recency: str = field("exponential", choices=RECENCY_KINDS)
+  recency_temperature: float = field(4.0, gt=0)
+  recency_p: float = field(0.05, gt=0, lt=1)
+  recency_beta: float = field(0.0, ge=0, le=1)
+  priority_alpha: float = field(0.6, ge=0)
+  priority_beta: float = field(0.4, ge=0, le=1)
+  priority_eps: float = field(1e-6, ge=0)
+  positive_bias_delta: float = field(0.5, ge=0, le=1)
+  positive_bias_size: int | None = field(None, ge=1, allowed="(needed by positive_bias)")
+  correct_threshold: float = field(1.0)
+  group_size: int = field(1, ge=1)
+  max_staleness: int | None = field(None, ge=0)
+  max_times_sampled: int | None = field(None, ge=1)
+
+  def check(self):
+    """Rules between the section's fields.
+
+    Raises:
+      ConfigError: naming ``buffer.<field>``.
+    """
     if self.replace and self.sampler in ("positive_bias", "fresh_first"):
       _fail("replace", self.replace, f"sampler={self.sampler!r} draws without replacement")
-    if not self.recency_temperature > 0:
-      _fail("recency_temperature", self.recency_temperature, "must be > 0")
-    if not 0 < self.recency_p < 1:
-      _fail("recency_p", self.recency_p, "must be in (0, 1)")
-    if not 0 <= self.recency_beta <= 1:
-      _fail("recency_beta", self.recency_beta, "must be in [0, 1]")
-    if not self.priority_alpha >= 0:
-      _fail("priority_alpha", self.priority_alpha, "must be >= 0")
-    if not 0 <= self.priority_beta <= 1:
-      _fail("priority_beta", self.priority_beta, "must be in [0, 1]")
-    if not self.priority_eps >= 0:
-      _fail("priority_eps", self.priority_eps, "must be >= 0")
-    if not 0 <= self.positive_bias_delta <= 1:
-      _fail("positive_bias_delta", self.positive_bias_delta, "must be in [0, 1]")
-    if self.sampler == "positive_bias" and (self.positive_bias_size is None
-                                            or self.positive_bias_size < 1):
+    if self.sampler == "positive_bias" and self.positive_bias_size is None:
       _fail("positive_bias_size", self.positive_bias_size,
             "must be an int >= 1 when sampler='positive_bias'")
-    if self.group_size < 1:
-      _fail("group_size", self.group_size, "must be >= 1")
     if self.group_size > 1 and (self.sampler != "uniform" or self.replace):
       _fail("group_size", self.group_size,
             "group-preserving sampling (group_size > 1) needs sampler='uniform', replace=False")
-    if self.max_staleness is not None and self.max_staleness < 0:
-      _fail("max_staleness", self.max_staleness, "must be None or >= 0")
-    if self.max_times_sampled is not None and self.max_times_sampled < 1:
-      _fail("max_times_sampled", self.max_times_sampled, "must be None or >= 1")
 
   @property
   def with_replacement(self) -> bool:
@@ -154,24 +141,53 @@ class SamplerConfig:
             f"must divide capacity={capacity} and batch_size={batch_size}")
 
 
-def from_config(buffer_cfg: Mapping[str, Any]) -> SamplerConfig:
-  """Builds a ``SamplerConfig`` from the ``buffer`` node of the config tree.
+BufferSpec = SamplerConfig
 
-  Unknown keys other than ``capacity`` raise, so a typo cannot silently be ignored.
+
+def from_config(buffer_cfg: Mapping[str, Any] | SamplerConfig) -> SamplerConfig:
+  """The ``SamplerConfig`` of the ``buffer`` section (``SamplerConfig.from_config``).
 
   Args:
-    buffer_cfg: mapping (e.g. an ``ml_collections.ConfigDict``) with ``sampler`` and optional
-      ``SamplerConfig`` field names.
+    buffer_cfg: mapping (e.g. an ``ml_collections.ConfigDict``) of ``SamplerConfig`` fields,
+      or a ``SamplerConfig`` (returned as is).
 
   Raises:
-    ValueError: unknown key or invalid value.
+    ConfigError: unknown key or invalid value.
   """
-  names = {f.name for f in dataclasses.fields(SamplerConfig)}
-  kwargs = {}
-  for k in buffer_cfg.keys():
-    if k == "capacity":
-      continue
-    if k not in names:
-      _fail(k, buffer_cfg[k], f"unknown field; valid fields are {sorted(names | {'capacity'})}")
-    kwargs[k] = buffer_cfg[k]
-  return SamplerConfig(**kwargs)
+  return SamplerConfig.from_config(buffer_cfg)
+
+
+@dataclasses.dataclass(frozen=True)
+class RateLimiterSpec(Spec):
+  """The ``rate_limiter`` section: Reverb-style samples-per-insert limiter of ``async`` mode.
+
+  Attributes:
+    samples_per_insert: ρ > 0, the replay ratio the limiter holds (None: B/R).
+    min_fill: items the buffer must hold before the first sample (None: B).
+    error_buffer: e >= 0, tolerance of ρ·inserted − sampled, in sequences (None: ρR + B,
+      twice the deadlock-free minimum).
+  """
+
+  SECTION: ClassVar[str] = "rate_limiter"
+
+  samples_per_insert: float | None = field(None, gt=0)
+  min_fill: int | None = field(None, ge=1)
+  error_buffer: float | None = field(None, ge=0)
+
+  def settings(self, batch_size: int, per_step: int) -> dict:
+    """The limiter's resolved settings, unset fields derived from B and R.
+
+    Args:
+      batch_size: B, items per learner step. per_step: R, rollouts per generation round.
+
+    Returns:
+      {"samples_per_insert": ρ (default B/R), "min_size_to_sample": max(min_fill, B)
+       (default B: a batch of B distinct items needs B items), "error_buffer": e (default
+       ρR + B, twice the smallest deadlock-free tolerance of ``RateLimiter.check_sizes``)}.
+    """
+    rho = self.samples_per_insert or batch_size / per_step
+    min_fill = self.min_fill or batch_size
+    err = self.error_buffer
+    return {"samples_per_insert": float(rho),
+            "min_size_to_sample": int(max(min_fill, batch_size)),
+            "error_buffer": float(rho * per_step + batch_size if err is None else err)}

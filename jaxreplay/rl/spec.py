@@ -16,9 +16,10 @@ from here, so that reading or validating a config imports neither jax, flax nor 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import numbers
-from typing import Any, Mapping
+from typing import ClassVar
+
+from jaxreplay.spec import Spec, field
 
 ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae")
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
@@ -32,29 +33,8 @@ STALENESS_FNS = ("inverse", "exp", "linear")
 SCHEDULES = ("constant", "cosine")
 DEFAULT_BUCKETS = (0, 1, 2, 4, 8)
 
-_CHOICES = {"advantage": ESTIMATORS, "loss": LOSSES, "aggregation": AGGREGATIONS,
-            "kl_estimator": KL_ESTIMATORS, "kl_mode": KL_MODES,
-            "staleness_target": STALENESS_TARGETS, "staleness_fn": STALENESS_FNS,
-            "lr_schedule": SCHEDULES}
-_INTS = ("update_epochs", "num_minibatches", "grad_accum_steps", "logprob_chunk",
-         "warmup_steps", "max_consecutive_skips")
-_BOOLS = ("mask_truncated", "gae_whiten", "pack_sequences")
-_NUMBERS = ("eps_low", "eps_high", "horizon", "delta_v", "is_cap", "ratio_mask_c", "kl_coef",
-            "entropy_coef", "gae_gamma", "gae_lambda", "vf_coef", "value_clip",
-            "staleness_rate", "lr", "final_lr_fraction", "max_grad_norm", "weight_decay")
-
-
-def _fail(field: str, value: Any, allowed: str):
-  raise ValueError(f"algo.{field}={value!r} is invalid: {allowed}")
-
-
-def _near(value: Any, valid) -> str:
-  near = difflib.get_close_matches(str(value), [str(v) for v in valid], n=1)
-  return f" (did you mean {near[0]!r}?)" if near else ""
-
-
 @dataclasses.dataclass(frozen=True)
-class AlgoSpec:
+class AlgoSpec(Spec):
   """The ``algo`` config section. Field = config key; value = default (``configs/default.py``).
 
   Attributes:
@@ -74,9 +54,10 @@ class AlgoSpec:
       rewards, or (group estimators) from the rewards at generation time before the group
       advantages (``losses.kl_penalised_rewards``).
     entropy_coef: c_H ≥ 0, entropy bonus.
-    gae_gamma, gae_lambda: γ, λ ∈ [0, 1] of GAE. vf_coef: c_V ≥ 0, value-loss weight.
-    value_clip: ε_V of the clipped value loss (≤ 0 = no clip). gae_whiten: whiten the
-      GAE advantages over the batch's loss tokens.
+    gae_gamma, gae_lambda: γ, λ ∈ [0, 1] of GAE.
+    vf_coef: c_V ≥ 0, value-loss weight.
+    value_clip: ε_V of the clipped value loss (≤ 0 = no clip).
+    gae_whiten: whiten the GAE advantages over the batch's loss tokens.
     staleness_target, staleness_fn, staleness_rate: the staleness-adaptive trust region
       (``weights.adaptive_trust_region``); rate ≥ 0.
     staleness_buckets: lower edges of the staleness buckets of the metrics, strictly
@@ -92,129 +73,79 @@ class AlgoSpec:
     pack_sequences: the learner's forward passes run on packed rows (``packing``: each
       micro-batch's real tokens end to end in as few full-width rows as fit, bucketed),
       not on the [B, T] padded layout; the same loss and gradient up to float rounding.
-    lr: peak learning rate > 0. warmup_steps: ≥ 0 optimizer steps of linear warmup.
-    lr_schedule: one of ``SCHEDULES``. final_lr_fraction: ∈ [0, 1], the cosine schedule's
-      final lr / lr. max_grad_norm: > 0, global-norm clip. weight_decay: ≥ 0 (AdamW).
+    lr: peak learning rate > 0.
+    warmup_steps: ≥ 0 optimizer steps of linear warmup.
+    lr_schedule: one of ``SCHEDULES``.
+    final_lr_fraction: ∈ [0, 1], the cosine schedule's final lr / lr.
+    max_grad_norm: > 0, global-norm clip.
+    weight_decay: ≥ 0, decoupled weight decay (AdamW).
     max_consecutive_skips: ≥ 1 non-finite updates in a row that stop the run.
   """
 
-  advantage: str = "grpo"
-  loss: str = "ppo_clip"
-  aggregation: str = "token_mean"
-  eps_low: float = 0.2
-  eps_high: float = 0.2
-  horizon: float = 0
-  delta_v: float = -0.1
-  is_cap: float = 2.0
-  ratio_mask_c: float = 0.0
-  mask_truncated: bool = False
-  kl_coef: float = 0.0
-  kl_estimator: str = "k3"
-  kl_mode: str = "loss"
-  entropy_coef: float = 0.0
-  gae_gamma: float = 1.0
-  gae_lambda: float = 0.95
-  vf_coef: float = 0.5
-  value_clip: float = 0.2
-  gae_whiten: bool = True
-  staleness_target: str = "none"
-  staleness_fn: str = "inverse"
-  staleness_rate: float = 0.5
-  staleness_buckets: tuple = DEFAULT_BUCKETS
-  update_epochs: int = 1
-  num_minibatches: int = 1
-  grad_accum_steps: int = 1
-  logprob_chunk: int = 0
-  pack_sequences: bool = True
-  lr: float = 1e-4
-  warmup_steps: int = 10
-  lr_schedule: str = "cosine"
-  final_lr_fraction: float = 0.1
-  max_grad_norm: float = 1.0
-  weight_decay: float = 0.0
-  max_consecutive_skips: int = 10
+  SECTION: ClassVar[str] = "algo"
 
-  @classmethod
-  def from_config(cls, algo: Mapping[str, Any] | AlgoSpec) -> AlgoSpec:
-    """The spec of an ``algo`` ConfigDict or dict; missing keys take the defaults.
+  advantage: str = field("grpo", choices=ESTIMATORS)
+  loss: str = field("ppo_clip", choices=LOSSES)
+  aggregation: str = field("token_mean", choices=AGGREGATIONS)
+  eps_low: float = field(0.2, gt=0)
+  eps_high: float = field(0.2, gt=0)
+  horizon: float = field(0, allowed="(> 0 with aggregation='seq_mean_token_sum_norm')")
+  delta_v: float = field(-0.1)
+  is_cap: float = field(2.0, allowed="(<= 0: no truncation)")
+  ratio_mask_c: float = field(0.0, allowed="(> 1, or 0 to disable)")
+  mask_truncated: bool = field(False)
+  kl_coef: float = field(0.0, ge=0)
+  kl_estimator: str = field("k3", choices=KL_ESTIMATORS)
+  kl_mode: str = field("loss", choices=KL_MODES)
+  entropy_coef: float = field(0.0, ge=0)
+  gae_gamma: float = field(1.0, ge=0, le=1)
+  gae_lambda: float = field(0.95, ge=0, le=1)
+  vf_coef: float = field(0.5, ge=0)
+  value_clip: float = field(0.2, allowed="(<= 0: no clip)")
+  gae_whiten: bool = field(True)
+  staleness_target: str = field("none", choices=STALENESS_TARGETS)
+  staleness_fn: str = field("inverse", choices=STALENESS_FNS)
+  staleness_rate: float = field(0.5, ge=0)
+  staleness_buckets: tuple = field(DEFAULT_BUCKETS, allowed="(ints, strictly increasing from 0)")
+  update_epochs: int = field(1, ge=1)
+  num_minibatches: int = field(1, ge=1, allowed="(divides train.batch_size)")
+  grad_accum_steps: int = field(1, ge=1, allowed="(divides the minibatch)")
+  logprob_chunk: int = field(0, ge=0, allowed="(0 = the whole sequence at once)")
+  pack_sequences: bool = field(True)
+  lr: float = field(1e-4, gt=0)
+  warmup_steps: int = field(10, ge=0)
+  lr_schedule: str = field("cosine", choices=SCHEDULES)
+  final_lr_fraction: float = field(0.1, ge=0, le=1)
+  max_grad_norm: float = field(1.0, gt=0)
+  weight_decay: float = field(0.0, ge=0)
+  max_consecutive_skips: int = field(10, ge=1)
 
-    Args:
-      algo: a mapping with ``keys()`` and ``[]`` (ConfigDict, dict), or an ``AlgoSpec``
-        (returned as is).
-
-    Returns:
-      The validated ``AlgoSpec``.
+  def check(self):
+    """The combinations that only need ``algo`` fields.
 
     Raises:
-      ValueError: a key that is not a field (naming ``algo.<key>`` and a near match), or a
-        bad value (see ``__post_init__``).
+      ConfigError: the first bad ``algo.<field>``, with the value and what is allowed.
     """
-    if isinstance(algo, AlgoSpec):
-      return algo
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in algo.keys():
-      if key not in names:
-        near = difflib.get_close_matches(str(key), names, n=1)
-        raise ValueError(f"algo.{key} is not a field of the algo section"
-                         + (f" (did you mean algo.{near[0]}?)" if near else ""))
-    return cls(**{key: algo[key] for key in algo.keys()})
-
-  def __post_init__(self):
-    """Checks every field, then the combinations that only need ``algo`` fields.
-
-    Raises:
-      ValueError: the first bad ``algo.<field>``, with the value and what is allowed.
-    """
-    for name, valid in _CHOICES.items():
-      value = getattr(self, name)
-      if value not in valid:
-        _fail(name, value, f"must be one of {valid}{_near(value, valid)}")
-    for name in _INTS:
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        _fail(name, value, "must be an int")
-    for name in _BOOLS:
-      if not isinstance(getattr(self, name), bool):
-        _fail(name, getattr(self, name), "must be a bool")
-    for name in _NUMBERS:
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        _fail(name, value, "must be a number")
-    for name in ("eps_low", "eps_high", "lr", "max_grad_norm"):
-      if not getattr(self, name) > 0:
-        _fail(name, getattr(self, name), "must be > 0")
-    for name in ("kl_coef", "entropy_coef", "vf_coef", "staleness_rate", "weight_decay",
-                 "warmup_steps", "logprob_chunk"):
-      if getattr(self, name) < 0:
-        _fail(name, getattr(self, name), "must be >= 0")
-    for name in ("update_epochs", "num_minibatches", "grad_accum_steps",
-                 "max_consecutive_skips"):
-      if getattr(self, name) < 1:
-        _fail(name, getattr(self, name), "must be >= 1")
-    for name in ("gae_gamma", "gae_lambda", "final_lr_fraction"):
-      if not 0 <= getattr(self, name) <= 1:
-        _fail(name, getattr(self, name), "must be in [0, 1]")
     if self.ratio_mask_c and self.ratio_mask_c <= 1:
-      _fail("ratio_mask_c", self.ratio_mask_c, "must be > 1 (or 0 to disable)")
+      self.fail("ratio_mask_c", self.ratio_mask_c, "must be > 1 (or 0 to disable)")
     if self.aggregation == "seq_mean_token_sum_norm" and not self.horizon > 0:
-      _fail("horizon", self.horizon, "must be > 0 (e.g. sampler.max_new_tokens) for "
-            "algo.aggregation='seq_mean_token_sum_norm'")
+      self.fail("horizon", self.horizon, "must be > 0 (e.g. sampler.max_new_tokens) for "
+                "algo.aggregation='seq_mean_token_sum_norm'")
     edges = self.staleness_buckets
-    if (not isinstance(edges, (tuple, list)) or not edges
-        or any(isinstance(e, bool) or not isinstance(e, numbers.Integral) for e in edges)
+    if (not edges or any(isinstance(e, bool) or not isinstance(e, numbers.Integral) for e in edges)
         or edges[0] != 0 or any(b <= a for a, b in zip(edges, edges[1:]))):
-      _fail("staleness_buckets", edges, "must be ints, strictly increasing and start at 0")
+      self.fail("staleness_buckets", edges, "must be ints, strictly increasing and start at 0")
     object.__setattr__(self, "staleness_buckets", tuple(int(e) for e in edges))
     if self.loss == "asymre" and self.advantage != "dr_grpo":
-      _fail("advantage", self.advantage,
-            "algo.loss='asymre' uses the group-mean baseline: set algo.advantage='dr_grpo'")
+      self.fail("advantage", self.advantage,
+                "algo.loss='asymre' uses the group-mean baseline: set algo.advantage='dr_grpo'")
     if self.advantage == "gae" and self.loss in ("gspo", "asymre"):
-      _fail("loss", self.loss, f"needs a sequence-level advantage; algo.advantage='gae' is "
-            f"per token (use one of {GROUP_ESTIMATORS})")
+      self.fail("loss", self.loss, f"needs a sequence-level advantage; algo.advantage='gae' is "
+                f"per token (use one of {GROUP_ESTIMATORS})")
     if self.kl_coef > 0 and self.kl_mode == "reward" and self.loss == "asymre":
-      _fail("kl_mode", self.kl_mode,
-            "with algo.loss='asymre' the KL penalty would enter the group-mean baseline "
-            "recovered from the stored advantages: use algo.kl_mode='loss'")
+      self.fail("kl_mode", self.kl_mode,
+                "with algo.loss='asymre' the KL penalty would enter the group-mean baseline "
+                "recovered from the stored advantages: use algo.kl_mode='loss'")
 
   @property
   def uses_value_head(self) -> bool:

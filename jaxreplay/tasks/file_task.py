@@ -31,7 +31,7 @@ import numpy as np
 
 from jaxreplay.tasks.base import Example, binary_reward
 from jaxreplay.tasks.math_answer import MathReward, gsm8k_gold, math_gold, with_parsed_gold
-from jaxreplay.tasks.spec import field_names
+from jaxreplay.tasks.spec import TaskSpec, field_names
 
 
 class ExactMatchReward:
@@ -197,11 +197,11 @@ def _subset(examples: list[Example], size: int, seed: int, stream: int) -> list[
   return [examples[i] for i in keep]
 
 
-def make_file_task(cfg) -> FileTask:
+def make_file_task(task: TaskSpec) -> FileTask:
   """Builds a task from ``task.train_path`` and ``task.heldout_path``.
 
   Args:
-    cfg: the ``task`` ConfigDict (``source``, ``format``, ``*_field``, ``prompt_template``,
+    task: the ``TaskSpec`` (``source``, ``format``, ``*_field``, ``prompt_template``,
       ``answer_extraction``, ``seed``, ``train_size``, ``heldout_size``, the paths).
 
   Returns:
@@ -213,19 +213,20 @@ def make_file_task(cfg) -> FileTask:
     FileNotFoundError: a missing file. ValueError: see ``read_examples``, or a split left
       empty once invalid gold answers are excluded.
   """
-  fmt, names = cfg.get("format", "plain"), field_names(cfg)
+  cfg = TaskSpec.from_config(task)
+  fmt, names = cfg.format, field_names(cfg)
   splits, skipped, invalid = {}, {}, {}
   for stream, split in enumerate(("train", "heldout")):
-    exs, skipped[split] = read_examples(cfg[f"{split}_path"], cfg.source, fmt, names,
-                                        cfg.prompt_template)
-    exs = _subset(exs, cfg[f"{split}_size"], cfg.seed, stream)
+    path = getattr(cfg, f"{split}_path")
+    exs, skipped[split] = read_examples(path, cfg.source, fmt, names, cfg.prompt_template)
+    exs = _subset(exs, getattr(cfg, f"{split}_size"), cfg.seed, stream)
     invalid[split] = 0
-    if cfg.get("answer_extraction", "bare") == "math":
+    if cfg.answer_extraction == "math":
       exs, invalid[split] = with_parsed_gold(exs)
       if not exs:
-        raise ValueError(f"task.{split}_path={cfg[f'{split}_path']!r}: no row's gold answer "
+        raise ValueError(f"task.{split}_path={path!r}: no row's gold answer "
                          f"can be parsed by math-verify ({invalid[split]} invalid)")
     splits[split] = exs
   return FileTask(name=f"{cfg.source}:{fmt}", train=splits["train"], heldout=splits["heldout"],
                   skipped_rows=skipped, invalid_gold=invalid,
-                  answer_extraction=cfg.get("answer_extraction", "bare"))
+                  answer_extraction=cfg.answer_extraction)

@@ -44,7 +44,7 @@ class ModelCost:
 
   @classmethod
   def from_params(cls, params, model_cfg) -> "ModelCost":
-    """From an ``nnx.State`` of parameters and the model config (``cfg.model``).
+    """From an ``nnx.State`` of parameters and the policy's ``TransformerConfig``.
 
     Args:
       params: pytree of arrays. model_cfg: has ``vocab_size``, ``d_model``, ``n_layers``,

@@ -169,9 +169,7 @@ class AsyncGenerator:
 
 def _produce(run, params, ref_params, version: int, position: int, key):
   """``generation.generate_rollouts`` for the run's config, task and model."""
-  return generation.generate_rollouts(run.cfg, run.io, run.task, run.graphdef, params,
-                                      run.stream, position, key, version, ref_params,
-                                      run.cost, run.mesh)
+  return generation.generate_rollouts(run.source, params, position, key, version, ref_params)
 
 
 def train_async(run, carry: Carry) -> Carry:
@@ -192,17 +190,17 @@ def train_async(run, carry: Carry) -> Carry:
   Raises:
     RuntimeError: the generator failed, or no batch for ``train.async_timeout_s`` seconds.
   """
-  cfg, b = run.cfg, run.cfg.train.batch_size
-  bar = tqdm(range(carry.step, cfg.train.steps), initial=carry.step, total=cfg.train.steps,
-             disable=not cfg.log.progress, dynamic_ncols=True)
+  train, b = run.train, run.train.batch_size
+  bar = tqdm(range(carry.step, train.steps), initial=carry.step, total=train.steps,
+             disable=not run.progress, dynamic_ncols=True)
   gen_s0, wait_s0 = carry.timers.generate_s, carry.timers.generator_wait_s  # before a resume
   gen = AsyncGenerator(
-      produce=functools.partial(_produce, run), insert=run.insert, limiter=run.limiter,
+      produce=functools.partial(_produce, run), insert=run.fns.insert, limiter=run.limiter,
       limiter_state=carry.limiter_state, buffer=carry.buffer, position=carry.position,
       params=carry.state.params, ref_params=carry.state.ref_params, version=carry.step,
-      insert_size=cfg.rollout.per_step, sample_size=b, key=carry_lib.generator_key(carry),
-      timeout_s=cfg.train.async_timeout_s, learner_step=carry.step,
-      ready=run.ready).start()
+      insert_size=run.rollout.per_step, sample_size=b, key=carry_lib.generator_key(carry),
+      timeout_s=train.async_timeout_s, learner_step=carry.step,
+      ready=run.fns.ready).start()
   try:
     for step in bar:
       with gen.cond:
@@ -210,12 +208,12 @@ def train_async(run, carry: Carry) -> Carry:
         t1 = time.time()
 
         # --- SAMPLE + UPDATE ---------------------------------------------------------------
-        state, gen.buffer, metrics = run.learner_step(carry.state, gen.buffer,
+        state, gen.buffer, metrics = run.fns.learner_step(carry.state, gen.buffer,
                                                       jax.random.fold_in(carry.key, step))
         metrics = jax.device_get(metrics)
         gen.limiter_state = rate_lib.record_sample(gen.limiter_state, b)
         gen.learner_step = step + 1
-        if (step + 1) % cfg.train.weight_sync_every == 0:
+        if (step + 1) % train.weight_sync_every == 0:
           gen.publish(state.params, step + 1)
         t = carry.timers
         timers = t.replace(learner_wait_s=t.learner_wait_s + waited,
@@ -229,7 +227,7 @@ def train_async(run, carry: Carry) -> Carry:
                               step=step + 1)
         extra = {"limiter_inserted": int(gen.limiter_state.inserted),
                  "limiter_sampled": int(gen.limiter_state.sampled),
-                 "rollouts_since_last_step": len(pending) * cfg.rollout.per_step}
+                 "rollouts_since_last_step": len(pending) * run.rollout.per_step}
         gen_metrics = generation.mean_metrics(pending)
         carry = record_step(run, carry, metrics, gen_metrics, extra)
         bar.set_postfix(reward=f"{gen_metrics.get('reward', float('nan')):.2f}",

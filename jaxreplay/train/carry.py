@@ -102,7 +102,7 @@ def save(run, carry: Carry) -> None:
       "eval_before": carry.eval_before, "last_eval": carry.last_eval,
       "timers": carry.timers.as_dict(),
       "wall_seconds": carry.wall_before + time.time() - run.t_start,
-      "config": json.loads(run.cfg.to_json_best_effort())})
+      "config": json.loads(run.config_json)})
 
 
 def resume(run, fresh: Carry) -> Carry:

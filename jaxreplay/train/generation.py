@@ -9,8 +9,9 @@ values; the caller adds the ``Ledger`` increment and moves the data position.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,12 +21,15 @@ from jaxreplay.parallel import multihost
 from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.rl.advantages import compute_advantages
 from jaxreplay.rl.losses import kl_penalised_rewards
-from jaxreplay.rl.scoring import micro_batch_rows, plan_rows, token_logprobs_by_rows
+from jaxreplay.rl.scoring import plan_rows, token_logprobs_by_rows
+from jaxreplay.rl.spec import AlgoSpec
 from jaxreplay.rollout import Rollout
 from jaxreplay.sampling import generate
+from jaxreplay.sampling.spec import SamplingSpec
 from jaxreplay.train import accounting
 from jaxreplay.train.ledger import Ledger
 from jaxreplay.train.policy import score
+from jaxreplay.train.spec import RolloutSpec
 
 
 class Generation(NamedTuple):
@@ -142,12 +146,43 @@ def _fitting_prompts(io, stream, position: int, p: int) -> tuple[list, int, int]
   return examples, skipped, position
 
 
-def generate_rollouts(cfg, io, task, graphdef, params, stream, position: int, key,
-                      version: int, ref_params=None, cost: accounting.ModelCost | None = None,
-                      mesh=None) -> tuple[Rollout, Generation]:
+@dataclasses.dataclass(frozen=True)
+class RolloutSource:
+  """What a generation round needs that stays fixed over the run.
+
+  Attributes:
+    rollout: the ``rollout`` section (R, G, where behaviour log-probs come from).
+    sampling: the ``sampler`` section (decoding; the engine's slots and chunk).
+    algo: the ``algo`` section (advantage estimator, KL reward penalty, the learner's
+      log-prob chunk and packing, which the rescoring passes follow).
+    io: ``TextIO`` (prompt tokens, decoding, stop and pad ids). task: the reward source.
+    graphdef: the policy's NNX graph. stream: ``PromptStream`` of the train split.
+    prompt_width: P, prompt tokens per rollout row.
+    reward_timeout_s: seconds per reward call before it scores 0, or None (no limit).
+    score_rows: rows per pass of the scoring passes (the learner's micro-batch rows).
+    cost: the model's FLOP parameters, or None (no FLOP counts).
+    mesh: optional mesh; the prompt batch splits over its ``data × fsdp`` axes.
+  """
+
+  rollout: RolloutSpec
+  sampling: SamplingSpec
+  algo: AlgoSpec
+  io: Any
+  task: Any
+  graphdef: Any
+  stream: Any
+  prompt_width: int
+  reward_timeout_s: float | None
+  score_rows: int
+  cost: accounting.ModelCost | None = None
+  mesh: Any = None
+
+
+def generate_rollouts(src: RolloutSource, params, position: int, key, version: int,
+                      ref_params=None) -> tuple[Rollout, Generation]:
   """Generates, scores and groups R = P·G rollouts with the behaviour policy (host + jit).
 
-  Reads P = R/G prompts from ``stream`` at ``position`` (skipping, and counting, prompts
+  Reads P = R/G prompts from ``src.stream`` at ``position`` (skipping, and counting, prompts
   that do not fit when ``task.on_too_long='skip'``), samples G completions each, scores
   them with the task's reward (a raising or timed-out reward counts as 0), and computes
   the group advantages — after the KL reward penalty when ``algo.kl_mode='reward'``. With
@@ -155,29 +190,27 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, position: int, ke
   learner's forward first (``learner_behaviour_logprobs``).
 
   Args:
-    cfg: the config (``rollout``, ``sampler``, ``task``, ``algo`` sections).
-    io: ``TextIO`` (prompt tokens, decoding, stop and pad ids). task: the reward source.
-    graphdef, params: the behaviour policy. stream: ``PromptStream``.
+    src: the fixed ``RolloutSource``. params: the behaviour policy's parameters.
     position: int, data position of the first prompt. key: PRNG key of the sampler.
     version: int, the policy version stamped on every rollout.
     ref_params: the frozen reference, used only for the KL reward penalty.
-    cost: the model's FLOP parameters, or None (no FLOP counts).
-    mesh: optional mesh; the prompt batch splits over its ``data × fsdp`` axes.
 
   Returns:
-    (``Rollout`` with R rows of width ``task.prompt_width + sampler.max_new_tokens``,
+    (``Rollout`` with R rows of width ``prompt_width + sampler.max_new_tokens``,
      ``Generation``).
   """
-  g = cfg.rollout.group_size
-  p = cfg.rollout.per_step // g
-  examples, skipped, position = _fitting_prompts(io, stream, position, p)
+  io, task, graphdef, mesh, cost = src.io, src.task, src.graphdef, src.mesh, src.cost
+  samp, algo = src.sampling, src.algo
+  g = src.rollout.group_size
+  p = src.rollout.prompts_per_step
+  examples, skipped, position = _fitting_prompts(io, src.stream, position, p)
   first_group = position - p
   prompt_toks, prompt_mask, _ = io.prompts(examples)
   gen = generate(graphdef, params, prompt_toks, prompt_mask, key,
-                 max_new_tokens=cfg.sampler.max_new_tokens, temperature=cfg.sampler.temperature,
-                 top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p, eos_ids=io.eos_ids,
-                 pad_id=io.pad_id, mesh=mesh, group_size=g, slots=cfg.sampler.get("slots", 0),
-                 chunk_steps=cfg.sampler.get("chunk_steps", 16))
+                 max_new_tokens=samp.max_new_tokens, temperature=samp.temperature,
+                 top_k=samp.top_k, top_p=samp.top_p, eos_ids=io.eos_ids,
+                 pad_id=io.pad_id, mesh=mesh, group_size=g, slots=samp.slots,
+                 chunk_steps=samp.chunk_steps)
   # Rollout rows: prompt r // G's tokens beside completion r (the engine's request order).
   toks, mask = np.repeat(prompt_toks, g, 0), np.repeat(prompt_mask, g, 0)
   # Every process reads the whole generation (gathered across processes), so each decodes,
@@ -186,7 +219,7 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, position: int, ke
                            "length": gen.length, "truncated": gen.truncated})
   rep = [e for e in examples for _ in range(g)]
   rewards, failures = score(task, io.decode(out["tokens"], out["mask"]), rep,
-                            cfg.task.reward_timeout_s or None)
+                            src.reward_timeout_s)
   n = p * g
   zeros = np.zeros_like(mask)
   host = Rollout(
@@ -198,37 +231,36 @@ def generate_rollouts(cfg, io, task, graphdef, params, stream, position: int, ke
       group_id=np.repeat(np.arange(first_group, first_group + p), g).astype(np.int32),
       policy_version=np.full((n,), version, np.int32), truncated=np.asarray(out["truncated"]))
   rollout = _place(host, mesh)
-  chunk = cfg.algo.logprob_chunk
-  rows = micro_batch_rows(cfg.train.batch_size, cfg.algo)
+  chunk, rows = algo.logprob_chunk, src.score_rows
   # the scoring passes run on packed rows when the learner does (their cost follows the
   # real tokens); the plan is host numpy from the host attention mask
   plan = (sharding_lib.place_rows(plan_rows(host.attention_mask, rows,
                                             sharding_lib.batch_shards(mesh)), mesh)
-          if cfg.algo.get("pack_sequences", True) else None)
+          if algo.pack_sequences else None)
   numerics = {}
-  if cfg.rollout.behaviour_logprobs == "learner":
+  if src.rollout.behaviour_logprobs == "learner":
     logp, numerics = learner_behaviour_logprobs(
-        graphdef, params, rollout, temperature=cfg.sampler.temperature,
-        top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p, chunk=chunk, rows=rows, plan=plan)
+        graphdef, params, rollout, temperature=samp.temperature,
+        top_k=samp.top_k, top_p=samp.top_p, chunk=chunk, rows=rows, plan=plan)
     rollout = rollout.replace(behaviour_logprobs=logp)
     numerics = {k: float(v) for k, v in multihost.to_host(numerics).items()}
   shaped = rewards
-  if ref_params is not None and cfg.algo.kl_mode == "reward" and cfg.algo.advantage != "gae":
+  if ref_params is not None and algo.kl_mode == "reward" and algo.advantage != "gae":
     shaped = multihost.to_host(kl_reward_penalty(
-        graphdef, ref_params, rollout, temperature=cfg.sampler.temperature,
-        beta=cfg.algo.kl_coef, estimator=cfg.algo.kl_estimator, top_k=cfg.sampler.top_k,
-        top_p=cfg.sampler.top_p, chunk=chunk, rows=rows, plan=plan))
+        graphdef, ref_params, rollout, temperature=samp.temperature,
+        beta=algo.kl_coef, estimator=algo.kl_estimator, top_k=samp.top_k,
+        top_p=samp.top_p, chunk=chunk, rows=rows, plan=plan))
   r_pg = rewards.reshape(p, g)
-  adv = np.asarray(compute_advantages(jnp.asarray(shaped.reshape(p, g)), cfg.algo.advantage))
+  adv = np.asarray(compute_advantages(jnp.asarray(shaped.reshape(p, g)), algo.advantage))
   rollout = rollout.replace(advantages=_place(adv.reshape(-1).astype(np.float32), mesh))
   lengths = np.asarray(out["length"])
   truncated = np.asarray(out["truncated"])
   spread = r_pg.max(1) > r_pg.min(1)
   flops = 0.0 if cost is None else float(
-      accounting.generation_flops(cost, cfg.task.prompt_width, lengths.astype(np.float64)).sum())
+      accounting.generation_flops(cost, src.prompt_width, lengths.astype(np.float64)).sum())
   if cost is not None and numerics:  # the learner's rescoring is one more forward per rollout
     flops += float(accounting.forward_flops_causal(
-        cost, cfg.task.prompt_width + lengths.astype(np.float64)).sum())
+        cost, src.prompt_width + lengths.astype(np.float64)).sum())
   ledger = Ledger(generated_tokens=int(lengths.sum()), generated_rollouts=n,
                   zero_adv_group_tokens=int(lengths.reshape(p, g)[~spread].sum()),
                   truncated_tokens=int(lengths[truncated].sum()), generation_flops=flops,

@@ -69,30 +69,29 @@ def generate_and_insert(run, carry: Carry, step: int, key) -> tuple[Carry, dict]
     RuntimeError: the sampler still cannot draw a batch once a whole buffer of this
       step's rollouts has been generated (an eviction rule that keeps fewer than B items).
   """
-  cfg = run.cfg
   params = behaviour_params(carry.ring, carry.state.params)
   version = behaviour_version(step, run.lag)
   # After this many rounds the whole buffer holds rollouts of this step: if the sampler
   # still cannot draw a batch, no amount of generation will let it.
-  max_rounds = -(-cfg.buffer.capacity // cfg.rollout.per_step) + 1
+  max_rounds = -(-run.buffer.capacity // run.rollout.per_step) + 1
   rounds = []
   while True:
     rollout, produced = generation.generate_rollouts(
-        cfg, run.io, run.task, run.graphdef, params, run.stream, carry.position,
+        run.source, params, carry.position,
         key if not rounds else jax.random.fold_in(key, len(rounds)), version,
-        carry.state.ref_params, run.cost, run.mesh)
-    buffer, lost = run.insert(carry.buffer, rollout, jnp.int32(step))
+        carry.state.ref_params)
+    buffer, lost = run.fns.insert(carry.buffer, rollout, jnp.int32(step))
     lost = multihost.to_host(lost)
     carry = carry.replace(buffer=buffer, position=produced.position,
                           ledger=carry.ledger + produced.ledger
                           + Ledger(evicted_unused_rollouts=int(lost[0]),
                                    evicted_unused_tokens=int(lost[1])))
     rounds.append(produced.metrics)
-    if run.ready(carry.buffer, step):
+    if run.fns.ready(carry.buffer, step):
       return carry, {**generation.mean_metrics(rounds), "generation_rounds": len(rounds)}
     if len(rounds) >= max_rounds:
       raise RuntimeError(
-          f"step {step}: the buffer holds fewer than train.batch_size={cfg.train.batch_size} "
+          f"step {step}: the buffer holds fewer than train.batch_size={run.train.batch_size} "
           f"items the sampler may draw after {len(rounds)} rounds of generation; check "
           "buffer.max_staleness, buffer.max_times_sampled and buffer.sampler (positive_bias "
           "needs enough correct rollouts when (1 - delta) * positive_bias_size < B)")
@@ -111,9 +110,8 @@ def train_lagged(run, carry: Carry) -> Carry:
     RuntimeError: ``algo.max_consecutive_skips`` non-finite updates in a row; a batch the
       sampler cannot fill (``generate_and_insert``).
   """
-  cfg = run.cfg
-  bar = tqdm(range(carry.step, cfg.train.steps), initial=carry.step, total=cfg.train.steps,
-             disable=not cfg.log.progress, dynamic_ncols=True)
+  bar = tqdm(range(carry.step, run.train.steps), initial=carry.step, total=run.train.steps,
+             disable=not run.progress, dynamic_ncols=True)
   for step in bar:
     key_gen, key_sample = jax.random.split(jax.random.fold_in(carry.key, step))
     t0 = time.time()
@@ -124,7 +122,7 @@ def train_lagged(run, carry: Carry) -> Carry:
     ring = advance_ring(carry.ring, carry.state.params)  # versions t − lag + 1 .. t
 
     # --- SAMPLE + UPDATE -------------------------------------------------------------------
-    state, buffer, metrics = run.learner_step(carry.state, carry.buffer, key_sample)
+    state, buffer, metrics = run.fns.learner_step(carry.state, carry.buffer, key_sample)
     metrics = multihost.to_host(metrics)  # gathered across processes when sharded
     t2 = time.time()
 

@@ -11,6 +11,7 @@ chosen on the host from the drawn batch, so the step is two jitted calls around 
 from __future__ import annotations
 
 import functools
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,29 @@ from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.replay import stats as replay_stats
 from jaxreplay.rl.train_step import TrainState
 from jaxreplay.train import accounting
+
+
+class LearnerFns(NamedTuple):
+  """The jitted learner-side functions of a run, built once by ``build``.
+
+  Attributes:
+    insert: ``(buffer: BufferState, rollout: Rollout [R rows], step: int32 scalar) ->
+      (buffer, lost: int32 [2])``: the R rollouts added FIFO; ``lost`` counts the
+      overwritten items never trained on (rollouts, tokens). ``buffer`` is donated
+      (``make_inserter``).
+    learner_step: ``(state: TrainState, buffer: BufferState, key: PRNG key) -> (state,
+      buffer, metrics: dict of scalars)``: SAMPLE B items at version ``state.step`` and
+      UPDATE; ``state`` and ``buffer`` are donated (``make_learner_step``).
+    ready: ``(buffer: BufferState, version: int) -> bool``: the buffer holds B items the
+      sampler can draw at ``version`` — the learner may draw (``make_ready``; a host bool).
+    drift: ``(params, buffer, key, version: int32 scalar) -> dict of scalars``: the drift
+      monitor's pass (``drift.make_drift_fn``), or None when ``drift.every = 0``.
+  """
+
+  insert: Callable
+  learner_step: Callable
+  ready: Callable[..., bool]
+  drift: Callable | None
 
 
 def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerConfig,

@@ -12,6 +12,7 @@ import json
 import os
 import time
 
+from jaxreplay.config import RunConfig
 from jaxreplay.parallel import multihost
 from jaxreplay.train import accounting
 from jaxreplay.train import checkpoint as ckpt_lib
@@ -21,21 +22,25 @@ from jaxreplay.train.carry import Carry, resume
 from jaxreplay.train.lagged import train_lagged
 
 
-def run(cfg, log=print) -> dict:
-  """Runs the whole job described by ``cfg``; resumes from ``cfg.workdir`` if it holds a
+def run(config: RunConfig, log=print) -> dict:
+  """Runs the whole job of a validated config; resumes from its workdir if that holds a
   checkpoint.
+
+  Args:
+    config: the ``RunConfig`` (``jaxreplay.config.validate(cfg)``). log: message sink.
 
   Returns:
     The summary dict also written to ``RUN_DIR/summary.json``.
 
   Raises:
-    jaxreplay.config.ConfigError: invalid config (before any compilation).
+    jaxreplay.config.ConfigError: a workdir holding another run's checkpoint, or task data
+      the options do not fit (before any compilation).
     RuntimeError: ``algo.max_consecutive_skips`` non-finite updates in a row; in async
       mode, a failed generator thread or no batch for ``train.async_timeout_s``.
   """
-  job, carry = build(cfg, log)
+  job, carry = build(config, log)
   carry = resume(job, carry)
-  if carry.step >= cfg.train.steps:
+  if carry.step >= job.train.steps:
     log(f"the run in {job.workdir} is complete at step {carry.step}; raise "
         "--config.train.steps to continue it")
   strategy = train_async if job.is_async else train_lagged
@@ -43,7 +48,7 @@ def run(cfg, log=print) -> dict:
   return finish(job, carry)
 
 
-def restore(cfg, log=print) -> tuple[Run, Carry]:
+def restore(config: RunConfig, log=print) -> tuple[Run, Carry]:
   """The job's set-up and its latest checkpoint, without training: to inspect a run.
 
   ``build`` then ``resume``, the metric writer closed again (nothing is appended to the
@@ -51,7 +56,8 @@ def restore(cfg, log=print) -> tuple[Run, Carry]:
   clear unfinished saves: not for a workdir that a live run is writing.
 
   Args:
-    cfg: the run's config (the one it was trained with; ``train.steps`` may differ).
+    config: the run's validated config (the one it was trained with; ``train.steps`` may
+      differ).
     log: message sink.
 
   Returns:
@@ -63,7 +69,7 @@ def restore(cfg, log=print) -> tuple[Run, Carry]:
     jaxreplay.config.ConfigError: an invalid config, or a workdir holding a checkpoint of
       a run with other settings.
   """
-  job, carry = build(cfg, log)
+  job, carry = build(config, log)
   job.writer.close()
   return job, resume(job, carry)
 
@@ -93,9 +99,9 @@ def finish(job: Run, carry: Carry) -> dict:
       "acc_greedy_before": before["acc_greedy"], "acc_sampled_before": before["acc_sampled"],
       "acc_greedy_after": final["acc_greedy"], "acc_sampled_after": final["acc_sampled"],
       "generated_tokens": counts["generated_tokens"], "trained_tokens": counts["trained_tokens"],
-      "generated_rollouts": counts["generated_rollouts"], "steps": job.cfg.train.steps,
+      "generated_rollouts": counts["generated_rollouts"], "steps": job.train.steps,
       "wall_seconds": carry.wall_before + time.time() - job.t_start,
-      "base_policy": job.base_info["path"], "mode": job.cfg.train.mode, **timers,
+      "base_policy": job.base_info["path"], "mode": job.train.mode, **timers,
       "ledger": ledger, "eval_after": final,
       # rows a file source skipped as malformed and examples excluded for an unparseable
       # gold, per split (sources that count them)

@@ -62,15 +62,15 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
     RuntimeError: ``algo.max_consecutive_skips`` non-finite updates in a row; a batch that
       drew empty or (without replacement) repeated slots: never trained on silently.
   """
-  cfg, done = run.cfg, carry.step
+  done, steps = carry.step, run.train.steps
   if metrics["batch_bad_slots"]:
     raise RuntimeError(f"step {done - 1} drew {int(metrics['batch_bad_slots'])} empty or "
                        "repeated buffer slots into its batch: the sampler was called without "
                        "enough eligible items (learner.make_ready)")
-  inc, metrics = learner_ledger(metrics, cfg.train.batch_size)
+  inc, metrics = learner_ledger(metrics, run.train.batch_size)
   ledger = carry.ledger + inc
   skips = carry.skips + 1 if metrics["skipped_update"] else 0
-  if skips >= cfg.algo.max_consecutive_skips:
+  if skips >= run.max_consecutive_skips:
     raise RuntimeError(f"{skips} consecutive non-finite updates at step {done - 1}; "
                        "lower algo.lr or check the data")
   hists = {k: metrics.pop(k).tolist() for k in HISTOGRAMS}
@@ -83,21 +83,21 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
             # deterministic in the lagged strategy; the time-based μ, γ are in the summary
             **{k: v for k, v in derived.items() if k.endswith("_flops")}}
   last_eval, best = carry.last_eval, carry.best
-  if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps:
+  if (run.eval.every and done % run.eval.every == 0) or done == steps:
     t0 = time.time()
     last_eval = run.evaluate(carry.state.params,
                              key=jax.random.fold_in(carry_lib.eval_key(carry), done))
     timers = timers.replace(eval_s=timers.eval_s + time.time() - t0)
     record.update({f"eval/{k}": v for k, v in last_eval.items()})
-    if run.best_manager is not None and cfg.checkpoint.every:
+    if run.best_manager is not None and run.checkpoint.every:
       best = ckpt_lib.save_best(run.best_manager, best, done, {"train": carry.state}, last_eval)
-  if run.drift is not None and done % cfg.drift.every == 0:
-    record.update({k: float(v) for k, v in multihost.to_host(run.drift(
+  if run.fns.drift is not None and done % run.drift.every == 0:
+    record.update({k: float(v) for k, v in multihost.to_host(run.fns.drift(
         carry.state.params, carry.buffer, jax.random.fold_in(carry_lib.drift_key(carry), done),
         jnp.int32(done))).items()})
   run.writer.write(done, record)
   carry = carry.replace(ledger=ledger, timers=timers, last_eval=last_eval, best=best,
                         skips=skips)
-  if cfg.checkpoint.every and (done % cfg.checkpoint.every == 0 or done == cfg.train.steps):
+  if run.checkpoint.every and (done % run.checkpoint.every == 0 or done == steps):
     carry_lib.save(run, carry)
   return carry

@@ -22,11 +22,14 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from jaxreplay.models import Transformer, TransformerConfig
+from jaxreplay.models.spec import ModelSpec
 from jaxreplay.models.tokenizer import encode_answers
 from jaxreplay.parallel import multihost
 from jaxreplay.parallel.sharding import param_shardings
 from jaxreplay.rl.scoring import token_logprobs
 from jaxreplay.rl.train_step import scheduled_adamw
+from jaxreplay.tasks.spec import TaskSpec
+from jaxreplay.train.spec import WarmstartSpec
 
 
 def noisy_answers(answers, noise: float, rng: np.random.Generator) -> list[str]:
@@ -47,27 +50,43 @@ def noisy_answers(answers, noise: float, rng: np.random.Generator) -> list[str]:
   return out
 
 
-def builtin_model_config(model_cfg) -> TransformerConfig:
-  """``TransformerConfig`` of the ``model`` section for ``model.source='builtin'`` (the
-  checkpoint-only fields ``source`` and ``path`` dropped)."""
-  return TransformerConfig(**{k: v for k, v in model_cfg.to_dict().items()
-                              if k not in ("source", "path")})
+def builtin_model_config(model: ModelSpec) -> TransformerConfig:
+  """``TransformerConfig`` of the built-in policy of the ``model`` section.
+
+  Args:
+    model: the ``ModelSpec`` (or a ``model`` mapping).
+  """
+  return TransformerConfig(**ModelSpec.from_config(model).architecture())
 
 
 _FILE_DEFAULTS = {"format": "plain", "question_field": "", "answer_field": "", "solution_field": ""}
+# Model fields that hash only when set away from these values: caches written before they
+# were fields stay valid (remat never changes the parameters, so it never hashes).
+_MODEL_DEFAULTS = {"scan_layers": False}
 
 
-def base_policy_key(cfg) -> str:
-  """Hash of the config fields that determine the base policy (and its tokenizer)."""
+def base_policy_key(task: TaskSpec, model: ModelSpec, warmstart: WarmstartSpec,
+                    max_new_tokens: int, seed: int) -> str:
+  """Hash of the fields that determine the base policy (and its tokenizer).
+
+  Args:
+    task, model, warmstart: the section specs. max_new_tokens: the sampler's longest
+      completion (the answers' encoded width). seed: the run's seed.
+
+  Returns:
+    16 hex characters (the cache directory's name under ``warmstart.cache_dir``).
+  """
   # How rewards are scored does not change the base policy. The file-source options hash
   # only when set away from their defaults, so caches written before they existed stay valid.
-  task = {k: v for k, v in cfg.task.to_dict().items()
-          if k not in ("reward_timeout_s", "reward_workers")
-          and not (k in _FILE_DEFAULTS and v == _FILE_DEFAULTS[k])}
-  blob = json.dumps({"task": task, "model": cfg.model.to_dict(),
-                     "warmstart": {k: v for k, v in cfg.warmstart.to_dict().items()
+  task_d = {k: v for k, v in task.to_dict().items()
+            if k not in ("reward_timeout_s", "reward_workers")
+            and not (k in _FILE_DEFAULTS and v == _FILE_DEFAULTS[k])}
+  model_d = {k: v for k, v in model.to_dict().items()
+             if k != "remat" and not (k in _MODEL_DEFAULTS and v == _MODEL_DEFAULTS[k])}
+  blob = json.dumps({"task": task_d, "model": model_d,
+                     "warmstart": {k: v for k, v in warmstart.to_dict().items()
                                    if k != "cache_dir"},
-                     "max_new_tokens": cfg.sampler.max_new_tokens, "seed": cfg.seed},
+                     "max_new_tokens": max_new_tokens, "seed": seed},
                     sort_keys=True, default=str)
   return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -86,12 +105,22 @@ def sft_batches(io, examples, batch_size: int, max_new_tokens: int, noise: float
            np.concatenate([np.zeros_like(pm), am], 1))
 
 
-def train_base_policy(cfg, io, task, log=print, callback=None):
-  """Trains the base policy by supervised learning; returns (graphdef, params, info)."""
-  mcfg = builtin_model_config(cfg.model)
-  model = Transformer(mcfg, nnx.Rngs(cfg.seed))
-  graphdef, params = nnx.split(model, nnx.Param)
-  ws = cfg.warmstart
+def train_base_policy(model: ModelSpec, ws: WarmstartSpec, io, task, *, seed: int,
+                      max_new_tokens: int, log=print, callback=None):
+  """Trains the base policy by supervised learning on noisy labels.
+
+  Args:
+    model: the built-in architecture. ws: the warm start's settings. io: ``TextIO``.
+    task: the task (its train split). seed: initialisation and data seed.
+    max_new_tokens: the answers' encoded width (tokens). log: message sink.
+    callback: optional ``(step, params)`` called five times during training.
+
+  Returns:
+    (graphdef, params, info dict with ``sft_loss`` and ``sft_seconds``).
+  """
+  mcfg = builtin_model_config(model)
+  policy = Transformer(mcfg, nnx.Rngs(seed))
+  graphdef, params = nnx.split(policy, nnx.Param)
   opt = scheduled_adamw(ws.lr, ws.warmup_steps, 1.0, schedule="cosine",
                         total_steps=max(ws.steps, ws.warmup_steps + 1), final_lr_fraction=0.1)
   opt_state = opt.init(params)
@@ -105,8 +134,7 @@ def train_base_policy(cfg, io, task, log=print, callback=None):
     upd, opt_state = opt.update(g, opt_state, params)
     return optax.apply_updates(params, upd), opt_state, loss
 
-  batches = sft_batches(io, task.train, ws.batch_size, cfg.sampler.max_new_tokens,
-                        ws.label_noise, cfg.seed)
+  batches = sft_batches(io, task.train, ws.batch_size, max_new_tokens, ws.label_noise, seed)
   t0 = time.time()
   loss = float("nan")
   for i in range(ws.steps):
@@ -118,8 +146,9 @@ def train_base_policy(cfg, io, task, log=print, callback=None):
   return graphdef, params, {"sft_loss": float(loss), "sft_seconds": time.time() - t0}
 
 
-def load_or_train_base_policy(cfg, io, task, log=print, mesh=None):
-  """The cached base policy for ``cfg`` (Orbax), trained and saved on first use.
+def load_or_train_base_policy(model: ModelSpec, ws: WarmstartSpec, io, task, *, key: str,
+                              seed: int, max_new_tokens: int, log=print, mesh=None):
+  """The cached base policy (Orbax) under ``ws.cache_dir/key``, trained and saved on first use.
 
   With ``mesh`` the parameters come back laid out by ``parallel.PARAM_RULES`` on it: a
   cached policy is restored straight into that layout (each process reads only its
@@ -127,11 +156,16 @@ def load_or_train_base_policy(cfg, io, task, log=print, mesh=None):
   seed) and then placed. In a multi-process job every process takes part in the Orbax
   save, and process 0 alone writes ``info.json``, after which all continue.
 
+  Args:
+    model, ws: the ``model`` and ``warmstart`` specs. io: ``TextIO``. task: the task.
+    key: the cache key (``base_policy_key``). seed, max_new_tokens: as in
+    ``train_base_policy``. log: message sink. mesh: optional device mesh.
+
   Returns:
     (graphdef, params, info dict with ``path`` and ``cached``).
   """
-  path = os.path.abspath(os.path.join(cfg.warmstart.cache_dir, base_policy_key(cfg)))
-  mcfg = builtin_model_config(cfg.model)
+  path = os.path.abspath(os.path.join(ws.cache_dir, key))
+  mcfg = builtin_model_config(model)
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, nnx.Rngs(0))), nnx.Param)
   shardings = None if mesh is None else param_shardings(abstract, mesh)
   if shardings is not None:
@@ -146,7 +180,8 @@ def load_or_train_base_policy(cfg, io, task, log=print, mesh=None):
       info = json.load(f)
     log(f"loaded base policy from {path}")
     return graphdef, params, dict(info, path=path, cached=True)
-  graphdef, params, info = train_base_policy(cfg, io, task, log)
+  graphdef, params, info = train_base_policy(model, ws, io, task, seed=seed,
+                                             max_new_tokens=max_new_tokens, log=log)
   if shardings is not None:
     params = jax.tree.map(multihost.to_global, params, shardings)
   os.makedirs(path, exist_ok=True)

@@ -1,0 +1,43 @@
+"""The ``sampler`` config section: how rollouts are decoded."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from jaxreplay.spec import Spec, field
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSpec(Spec):
+  """The ``sampler`` section: the behaviour policy's decoding and the decode engine's shape.
+
+  ``temperature``, ``top_k`` and ``top_p`` define the behaviour distribution; the learner
+  recomputes log-probs under the same truncated distribution (``scoring``), so a fresh
+  rollout's importance ratio is 1 at identical parameters.
+
+  Attributes:
+    max_new_tokens: >= 1, the longest completion, in tokens.
+    temperature: > 0, the softmax temperature of the behaviour policy.
+    top_k: >= 0, keep the k most likely tokens (0 = off).
+    top_p: in (0, 1], keep the smallest set of tokens with this much mass (1 = off).
+    slots: >= 0, rows the decode engine runs at once (0 = one per rollout); a finished row's
+      slot takes the next request.
+    chunk_steps: >= 1, decode steps between the engine's host checks (refill, batch shrink,
+      attention width); a finished row idles at most this many steps.
+  """
+
+  SECTION: ClassVar[str] = "sampler"
+
+  max_new_tokens: int = field(6, ge=1)
+  temperature: float = field(1.0, gt=0)
+  top_k: int = field(0, ge=0, allowed="(0 = off)")
+  top_p: float = field(1.0, gt=0, le=1, allowed="(1 = off)")
+  slots: int = field(0, ge=0, allowed="(0 = one per rollout)")
+  chunk_steps: int = field(16, ge=1)
+
+  def with_overrides(self, temperature: float | None = None,
+                     top_p: float | None = None) -> SamplingSpec:
+    """This spec with ``temperature`` / ``top_p`` replaced where given (evaluation's)."""
+    return dataclasses.replace(self, temperature=temperature or self.temperature,
+                               top_p=top_p or self.top_p)
