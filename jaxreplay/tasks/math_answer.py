@@ -18,10 +18,16 @@ Text only, no networks. The pieces:
   4. the last "final answer is ... / answer: ..." clause (the Minerva sentence "The final
      answer is $\\frac{3}{8}$. I hope it is correct.", "The answer is 18 apples."): its
      first LaTeX math span, else its text after the last ``=``;
-  5. the last LaTeX math span (``$...$``, ``$$...$$``, ``\\(...\\)``, ``\\[...\\]``) or the
-     last bare number, whichever ends later (math-verify's rule for its unanchored
-     patterns, which share one priority: the rightmost match wins). A ``$`` pair that
-     holds prose is currency, not math (``costs $5 and $6``).
+  5. the last LaTeX math span (``$...$``, ``$$...$$``, ``\\(...\\)``, ``\\[...\\]``), unless
+     it is a computation (an ``=`` with digits on its left, ``$16 - 3 - 4 = 9$``) and a
+     bare number follows it: then that number ("$16 - 3 - 4 = 9$ eggs, so she makes 18
+     dollars" reads 18, "we get $\\frac{3}{8}$, to 2 places" reads 3/8); with no span, the
+     last bare number. (math-verify takes whichever of its unanchored span and number
+     matches ends later; a trailing remark's number then beats a stated value.) A ``$``
+     pair that holds prose is currency, not math (``costs $5 and $6``).
+
+  Spans joined only by ``,`` / ``and`` / ``or`` (``$1$, $2$ and $3$``) are one answer, a
+  set, as math-verify reads them (rules 4 and 5).
 
   Text after the last ``</think>`` is read; a ``<think>`` that is never closed means the
   completion stopped while reasoning: no answer. Before any rule the text is made ASCII
@@ -85,6 +91,7 @@ _THOUSANDS = re.compile(rf"(?<=\d){_SEP}(?=\d{{3}}(?!\d))")
 # minus (see _last_number).
 _NUMBER = re.compile(rf"-?(?:\d{{1,3}}(?:{_SEP}\d{{3}})+(?!\d)|\d+)(?:\.\d+)?(?:/\d+)?"
                      r"(?:\s*\\?%)?|-?\.\d+")
+_PERCENT = re.compile(r"-?\d+(?:\.\d+)?\s*\\?%")
 _UNIT_TEXT = re.compile(r"\\(?:text|mbox|mathrm)\{[^{}]*\}\s*$")
 _LEADING_NUMBER = re.compile(r"^\s*(-?(?:\\\$|\$)?\s*-?[\d.,/]+(?:\\%|%)?)\s+[A-Za-z][A-Za-z .]*$")
 # LaTeX commands, environment names and the contents of text-like groups are not prose.
@@ -102,6 +109,8 @@ _MATH_SPAN = re.compile(
 # "final answer is", "answer:", "the answer to part (a) is": the word answer, then "is" or
 # ":" within the same sentence (no period, newline or math between them).
 _ANSWER_CLAUSE = re.compile(r"(?i)\banswer\b[^\n.$]{0,40}?(?:\bis\b|:)")
+# Between two math spans of one answer: "$1$, $2$ and $3$", "$2$ or $-2$".
+_SPAN_JOIN = re.compile(r"\s*(?:,?\s*and|,?\s*or|,)\s*")
 _SENTENCE_END = re.compile(r"(?<!\d)\.(?!\d)|\bI hope\b|\n")
 # Repeating decimals: 0.\overline{27}, 1.2\overline{3}, .\overline{6}, 0.\overline 3.
 _REPEATING = re.compile(r"(\d*)\.(\d*)\\overline\s*(?:\{\s*(\d+)\s*\}|(\d))")
@@ -229,6 +238,26 @@ def _math_spans(text: str) -> list[tuple[str, int, int]]:
   return spans
 
 
+def _span_run(text: str, spans: list, k: int, forward: bool) -> str:
+  """The content of span ``k`` joined (``", "``) with its neighbours that are separated
+  from it only by ``,`` / ``and`` / ``or``: several values given as one answer, read as a
+  set as math-verify reads them (``$1$, $2$ and $3$`` -> ``1, 2, 3``)."""
+  i = j = k
+  if forward:
+    while j + 1 < len(spans) and _SPAN_JOIN.fullmatch(text[spans[j][2]:spans[j + 1][1]]):
+      j += 1
+  else:
+    while i > 0 and _SPAN_JOIN.fullmatch(text[spans[i - 1][2]:spans[i][1]]):
+      i -= 1
+  return ", ".join(c for c, _, _ in spans[i:j + 1])
+
+
+def _is_working(span: str) -> bool:
+  """A span that is a computation (``3 \\cdot 4 = 12``: an ``=`` with digits on its left),
+  not a stated value (``\\frac{3}{8}``) or answer (``x = 5``, ``y = 2x + 3``)."""
+  return "=" in span and bool(re.search(r"\d", span.rsplit("=", 1)[0]))
+
+
 def _clause_answer(text: str) -> str | None:
   """The answer of the last "answer is / answer:" clause: its first math span when one
   starts within the clause's sentence, else the sentence's text after its last ``=``, read
@@ -240,11 +269,9 @@ def _clause_answer(text: str) -> str | None:
       rest = rest.lstrip()
     end = _SENTENCE_END.search(rest)
     sentence = rest[:end.start()] if end else rest
-    span = _MATH_SPAN.search(rest)
-    if span and (end is None or span.start() < end.start()):
-      content = next(g for g in span.groups() if g is not None).strip()
-      if content and not is_prose(content):
-        return content
+    spans = _math_spans(rest)
+    if spans and (end is None or spans[0][1] < end.start()):
+      return _span_run(rest, spans, 0, forward=True)
     sentence = sentence.rsplit("=", 1)[-1].strip().strip("*").strip()
     if not sentence:
       continue
@@ -288,12 +315,13 @@ def _extract(completion: str) -> tuple[str, bool] | None:
   if clause:
     return clause, False
   spans = _math_spans(text)
-  number = _last_number(text[spans[-1][2]:] if spans else text)
-  if number:
-    return number[0], False
   if spans:
-    return spans[-1][0], False
-  return None
+    number = _last_number(text[spans[-1][2]:])
+    if number and _is_working(spans[-1][0]):
+      return number[0], False
+    return _span_run(text, spans, len(spans) - 1, forward=False), False
+  number = _last_number(text)
+  return (number[0], False) if number else None
 
 
 def extract_answer_text(completion: str) -> str | None:
@@ -445,6 +473,8 @@ def parse_answer(completion: str) -> list:
   if raw:
     return parse(answer, parsing_timeout=None)
   answer = normalize_answer(_strip_dollars(answer))
+  if _PERCENT.fullmatch(answer):  # "-5%": math-verify's own reading of a plain percentage
+    return parse(answer.replace("\\%", "%"), parsing_timeout=None)
   return parse(f"${answer}$", parsing_timeout=None) if answer else []
 
 
