@@ -57,7 +57,6 @@ from fractions import Fraction
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxreplay.tasks.file_task import read_examples  # noqa: E402
 from jaxreplay.tasks.math_answer import parse_gold, verify_answer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,6 +88,7 @@ _FIRST_INT = re.compile(r"\d+")
 def shipped_golds() -> tuple[list[tuple[str, str]], list[str]]:
   """(source, gold) of every row of the shipped JSONL samples, and report lines with the
   invalid golds (``parse_gold`` is None) of every sample file, JSONL and Parquet."""
+  from jaxreplay.tasks.file_task import read_examples  # grain: imported only when run
   golds, lines = [], []
   for path in sorted(glob.glob(os.path.join(SAMPLES, "*.jsonl")) +
                      glob.glob(os.path.join(SAMPLES, "*.parquet"))):
