@@ -66,7 +66,7 @@ def main(argv):
     real_write_atomic(path, text)
 
   def metric_write(self, step, m):
-    if self._f is not None:
+    if self.active:
       wrote.append(f"metrics.jsonl:{step}")
     real_metric_write(self, step, m)
 

@@ -192,6 +192,11 @@ class MetricWriter:
       self._tb = SummaryWriter(str(epath.Path(run_dir) / "tb"))
 
   @property
+  def active(self) -> bool:
+    """Whether ``write`` writes: this process is the primary one and ``close`` not called."""
+    return self._active
+
+  @property
   def path(self) -> epath.Path:
     """The chunk file the next record goes to (``RUN_DIR/metrics/NNNNNN.jsonl``)."""
     return self.dir / f"{self._chunk:06d}.jsonl"
