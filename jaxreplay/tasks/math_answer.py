@@ -111,6 +111,8 @@ _MATH_SPAN = re.compile(
 _ANSWER_CLAUSE = re.compile(r"(?i)\banswer\b[^\n.$]{0,40}?(?:\bis\b|:)")
 # Between two math spans of one answer: "$1$, $2$ and $3$", "$2$ or $-2$".
 _SPAN_JOIN = re.compile(r"\s*(?:,?\s*and|,?\s*or|,)\s*")
+# Clauses tried, last first, and the characters read after each: bounded work on any text.
+_MAX_CLAUSES, _CLAUSE_CHARS = 4, 2000
 _SENTENCE_END = re.compile(r"(?<!\d)\.(?!\d)|\bI hope\b|\n")
 # Repeating decimals: 0.\overline{27}, 1.2\overline{3}, .\overline{6}, 0.\overline 3.
 _REPEATING = re.compile(r"(\d*)\.(\d*)\\overline\s*(?:\{\s*(\d+)\s*\}|(\d))")
@@ -263,8 +265,8 @@ def _clause_answer(text: str) -> str | None:
   starts within the clause's sentence, else the sentence's text after its last ``=``, read
   as a number with units (``18 apples``) or as a short math expression."""
   clauses = list(_ANSWER_CLAUSE.finditer(text))
-  for clause in reversed(clauses):
-    rest = text[clause.end():].lstrip(" \t*:")
+  for clause in clauses[:-_MAX_CLAUSES - 1:-1]:
+    rest = text[clause.end():clause.end() + _CLAUSE_CHARS].lstrip(" \t*:")
     if rest.startswith("\n"):  # "Answer:\n$5$"
       rest = rest.lstrip()
     end = _SENTENCE_END.search(rest)
@@ -329,7 +331,7 @@ def extract_answer_text(completion: str) -> str | None:
 
   Args:
     completion: decoded completion text (any length; a 10,000-character string of garbage
-      is read in linear time).
+      or of repeated delimiters is read in well under a second).
 
   Returns:
     The answer text (e.g. ``"\\frac{1}{2}"``, ``"42"``, ``"1,000"``; for an answer tag
