@@ -6,9 +6,11 @@ and a short list of MATH-style gold forms the samples lack (vectors, matrices, i
 sets, equations, repeating decimals, mixed numbers, degrees, text answers, a gold written
 with a thousands separator). Each gold is written into completions in many surface forms —
 ``\\boxed{}`` (with and without its backslash), unboxed LaTeX (``$...$``, ``\\(...\\)``,
-``\\[...\\]``), the Minerva sentence, ``#### N``, ``<answer>`` tags (bare, boxed, a
-sentence), think blocks, self-corrections, units and currency, thousands separators in
-every form, the unicode minus, full-width digits, an equivalent rewrite — once with the
+``\\[...\\]``), the Minerva sentence, "Answer:" and "The answer is" clauses, ``#### N``,
+``<answer>`` tags (bare, boxed, a sentence), think blocks (closed, with a decoy inside,
+left open), self-corrections, a check or remark after the answer, equations, values joined
+by "and", percentages, units and currency, thousands separators in every form, the unicode
+minus, full-width digits, an equivalent rewrite — once with the
 right answer and once with a wrong one made by perturbing it (an integer moved by 1, 10,
 doubled or negated; the first integer literal of any other answer raised by 1, which
 changes its value; a repeating decimal's block changed, and the 0 math-verify reads it
@@ -34,9 +36,11 @@ Every pair is graded three ways:
 
 Printed: the invalid golds per shipped sample file (math-verify cannot parse them or their
 parse loses information; they are dropped from a task), the corpus by source and form,
-agreement of the reward with each grader and with the truth, the false positives of each
-(reward 1 where the answer is wrong), every disagreement class with its count, and a last
-line ``pairs=N agree_math_verify=F agree_minerva=F false_positive=F``.
+accuracy against the truth and false positives (1 where the answer is wrong) of each grader,
+the reward's agreement with each, its agreement with math-verify where math-verify and the
+Minerva rules agree (and which of those disagreements the reward gets right by
+construction), every disagreement class with its count, and a last line
+``pairs=N agree_math_verify=F agree_minerva=F false_positive=F``.
 
 Usage: python bench/grading_agreement.py [--rg-items 6] [--show 0]
 About a minute on a quiet 2-core machine; one process.
@@ -122,6 +126,7 @@ def reasoning_gym_golds(items: int) -> tuple[list[tuple[str, str]], int]:
 # --- surface forms ----------------------------------------------------------------------------
 
 def strip_dollars(text: str) -> str:
+  """``text`` without the ``$`` pairs around it (reasoning-gym writes ``$244/607$``)."""
   t = text.strip()
   while len(t) >= 2 and t[0] == "$" and t[-1] == "$":
     t = t[1:-1].strip()
@@ -173,6 +178,7 @@ def equivalent(gold: str, kind: str) -> str | None:
 
 
 def thousands(n: str, sep: str) -> str:
+  """Integer string ``n`` with ``sep`` between its groups of three digits (``1{,}250``)."""
   sign, digits = ("-", n[1:]) if n.startswith("-") else ("", n)
   groups = []
   while len(digits) > 3:
@@ -294,7 +300,9 @@ def corpus(golds: list[tuple[str, str]]) -> list[dict]:
 # --- math-verify on the raw completion --------------------------------------------------------
 
 def math_verify_grade(gold: str, completion: str) -> int:
-  """math-verify's own ``verify(parse(gold), parse(completion))``, default configs."""
+  """math-verify's own ``verify(parse(gold), parse(completion))`` with its default
+  extraction configs and timeouts (SIGALRM: call from the main thread); 1 or 0, and 0 when
+  math-verify raises."""
   from math_verify import parse, verify
   try:
     g = parse(f"${strip_dollars(gold)}$")
@@ -342,6 +350,10 @@ def last_box(text: str) -> str | None:
 
 
 def minerva_extract(completion: str, box_fallback: bool = True) -> str | None:
+  """The Minerva answer of a completion (lm-eval minerva_math): the text after "Final
+  Answer: The final answer is" up to the character before " I hope it is correct." on the
+  same line (a completion that stops before that phrase ends at its end); else, with
+  ``box_fallback``, its last ``\\boxed{}`` (how lm-eval reads the MATH golds); else None."""
   m = MINERVA_SENTENCE.search(completion + " I hope it is correct.")
   if m:
     return m.group(1).strip()
@@ -349,7 +361,15 @@ def minerva_extract(completion: str, box_fallback: bool = True) -> str | None:
 
 
 def minerva_normalize(answer: str) -> str:
-  """Minerva's normalisation (appendix D), step by step as described there."""
+  """Minerva's normalisation of a final answer (Lewkowycz et al. 2022, appendix D, as
+  lm-eval's minerva_math applies it), step by step as described there.
+
+  Args:
+    answer: an extracted answer.
+
+  Returns:
+    The normalised string (e.g. ``"x = 10,000"`` -> ``"10000"``).
+  """
   a = answer.split("=")[-1]
   for before, after in MINERVA_SUBSTITUTIONS:
     a = a.replace(before, after)
@@ -376,6 +396,10 @@ def _alarm(signum, frame):
 
 
 def minerva_equivalent(a: str, b: str, seconds: int = 5) -> bool:
+  """lm-eval's ``is_equiv`` for two normalised answers: equal strings, or both parse and
+  ``sympy.simplify(a - b) == 0`` within ``seconds`` (SIGALRM: call from the main thread).
+  Any parse error, a difference that cannot be taken (matrices, tuples) or the timeout
+  means not equivalent."""
   if a == b:
     return True
   import sympy
@@ -394,6 +418,8 @@ def minerva_equivalent(a: str, b: str, seconds: int = 5) -> bool:
 
 
 def minerva_grade(gold: str, completion: str, box_fallback: bool = True) -> int:
+  """1 when the Minerva answer of ``completion`` is equivalent to ``gold``, both normalised
+  (``minerva_extract``, ``minerva_normalize``, ``minerva_equivalent``), else 0."""
   answer = minerva_extract(completion, box_fallback)
   if answer is None:
     return 0
@@ -403,11 +429,17 @@ def minerva_grade(gold: str, completion: str, box_fallback: bool = True) -> int:
 # --- report -----------------------------------------------------------------------------------
 
 def rate(xs) -> float:
+  """The mean of booleans / 0-1 values; nan when there are none."""
   xs = list(xs)
   return sum(xs) / len(xs) if xs else float("nan")
 
 
 def main(argv=None) -> None:
+  """Builds the corpus, grades it three ways and prints the report (module docstring).
+
+  Args:
+    argv: command-line arguments (``--rg-items``, ``--show``); None reads ``sys.argv``.
+  """
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--rg-items", type=int, default=6, help="items per reasoning-gym dataset")
   ap.add_argument("--show", type=int, default=0, help="example completions per class")
