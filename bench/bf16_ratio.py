@@ -125,13 +125,16 @@ def with_numerics(graphdef, params, dtype: str, param_dtype: str):
 def builtin_policy(config_path: str, rows: int, overrides=()):
   """(graphdef, float32 params, prompt tokens, mask, eos ids, pad id, M, temperature) of the
   config's builtin model, warm-started (cached), with ``KEY=VALUE`` ``overrides``."""
-  from jaxreplay.config import apply_overrides, load_config
+  from jaxreplay.config import apply_overrides, load_config, specs
   from jaxreplay.tasks.registry import make_task
   from jaxreplay.train.build import load_policy
-  cfg = load_config(config_path)
-  apply_overrides(cfg, overrides)
+  tree = load_config(config_path)
+  apply_overrides(tree, overrides)
+  cfg = specs(tree)
   task = make_task(cfg.task)
-  io, graphdef, params, _ = load_policy(cfg, task, log=lambda *a: None)
+  io, graphdef, params, _ = load_policy(cfg.model, cfg.task, cfg.warmstart, task, seed=cfg.seed,
+                                        max_new_tokens=cfg.sampler.max_new_tokens,
+                                        log=lambda *a: None)
   examples = [task.train[i % len(task.train)] for i in range(rows)]
   toks, mask, _ = io.prompts(examples)
   return (graphdef, params, toks, mask, io.eos_ids, io.pad_id, cfg.sampler.max_new_tokens,

@@ -199,7 +199,8 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
 
   train_step = make_train_step(graphdef, optimizer, cfg.algo, cfg.sampler.temperature,
                                cfg.sampler.top_k, cfg.sampler.top_p)
-  learner_step = make_learner_step(train_step, cfg.train.batch_size, sampler_cfg,
+  rb = replay.make_replay_buffer(cfg.buffer.capacity, cfg.train.batch_size, sampler_cfg)
+  learner_step = make_learner_step(train_step, rb,
                                    prompt_len=p_width, epochs=cfg.algo.update_epochs,
                                    mesh=mesh, state_sharding=state_sh, buffer_sharding=buffer_sh)
   t0 = time.time()

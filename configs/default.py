@@ -41,13 +41,13 @@ def get_config():
 
   # source "builtin": this small decoder, warm-started below; "hf": a local Hugging Face
   # checkpoint directory in model.path (Llama 3 / Qwen2 / Qwen2.5 / Qwen3; see configs/qwen*).
-  # Optional keys, absent = off (the Qwen presets set them): scan_layers=True runs the
-  # blocks as one lax.scan over stacked parameters; remat="full" | "dots_saveable" |
-  # "dots_no_batch" recomputes each block in the backward pass (models/transformer.py).
+  # scan_layers=True runs the blocks as one lax.scan over stacked parameters (the Qwen presets
+  # set it); remat="full" | "dots_saveable" | "dots_no_batch" recomputes each block in the
+  # backward pass (models/transformer.py). Every field: docs/configuration.md.
   c.model = config_dict.ConfigDict(dict(
       source="builtin", path="", dtype="float32", param_dtype="float32",
       vocab_size=300, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32,
-      d_ff=384, rope_theta=10_000.0, tie_embeddings=True,
+      d_ff=384, rope_theta=10_000.0, tie_embeddings=True, scan_layers=False, remat="none",
   ))
 
   # Supervised warm start on deliberately noisy labels: the base policy puts real mass

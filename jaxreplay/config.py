@@ -355,12 +355,16 @@ def check_combinations(c: RunConfig, device_count: int, process_count: int) -> N
 
 
 def check_files(c: RunConfig) -> None:
-  """The files the run reads exist: a Hugging Face checkpoint directory, task files.
+  """The files the run reads exist: task files, a Hugging Face checkpoint directory.
 
   Raises:
-    ConfigError: ``model.path`` is not a checkpoint directory, or a task path matches no
-      file.
+    ConfigError: a task path matches no file, or ``model.path`` is not a checkpoint
+      directory.
   """
+  try:
+    c.task.check_files()
+  except FileNotFoundError as e:
+    raise _prefixed(e) from None
   if c.model.source == "hf":
     path = c.model.path
     missing = [f for f in ("config.json", "tokenizer.json")
@@ -369,10 +373,6 @@ def check_files(c: RunConfig) -> None:
       _fail("model.path", path, "must be a local Hugging Face checkpoint directory "
             "holding config.json, tokenizer.json and *.safetensors"
             + (f" (missing: {', '.join(missing)})" if path else ""))
-  try:
-    c.task.check_files()
-  except FileNotFoundError as e:
-    raise _prefixed(e) from None
 
 
 def validate(cfg, device_count: int | None = None, process_count: int | None = None

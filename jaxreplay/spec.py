@@ -192,8 +192,12 @@ class Spec:
       fail(self.SECTION, f.name, value,
            f"must be one of {tuple(meta['choices'])}{near(value, meta['choices'])}")
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
+      if value != value:  # NaN fails every bound, and would pass a field without one
+        fail(self.SECTION, f.name, value, f"must be {_bounds_text(meta)}" if _bounds_text(meta)
+             else "must be a number, not NaN")
       if not _in_bounds(meta, value):
-        fail(self.SECTION, f.name, value, f"must be {allowed_text(f)}")
+        extra = f" {meta['allowed']}" if meta.get("allowed") else ""
+        fail(self.SECTION, f.name, value, f"must be {_bounds_text(meta)}{extra}")
     if "tuple" in kinds and isinstance(value, list):
       object.__setattr__(self, f.name, tuple(value))
     if "dict" in kinds and not isinstance(value, dict):

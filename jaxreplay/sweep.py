@@ -223,18 +223,14 @@ def finished(run: Run, steps: int) -> bool:
 def base_policy_groups(cfgs: dict[Run, Any]) -> dict[int, dict[str, list[str]]]:
   """Per seed: base-policy cache key -> configurations using it, or {} when the trainer
   exposes no ``base_policy_key`` (e.g. a Hugging Face checkpoint needs none)."""
-  try:
-    from jaxreplay.train.warmstart import base_policy_key
-  except Exception:  # noqa: BLE001 - a refactored trainer: the check is advisory
-    return {}
+  from jaxreplay.config import specs
+  from jaxreplay.train.warmstart import base_policy_key
   groups: dict[int, dict[str, list[str]]] = {}
   for run, cfg in cfgs.items():
-    if cfg.get("model", {}).get("source", "builtin") != "builtin":
+    c = specs(cfg)
+    if c.model.source != "builtin":
       continue
-    try:
-      key = base_policy_key(cfg)
-    except Exception:  # noqa: BLE001
-      return {}
+    key = base_policy_key(c.task, c.model, c.warmstart, c.sampler.max_new_tokens, c.seed)
     groups.setdefault(run.seed, {}).setdefault(key, []).append(run.name)
   return groups
 

@@ -54,7 +54,9 @@ def main(argv):
   import numpy as np
   from jaxreplay.train import checkpoint as ckpt_lib
   from jaxreplay.train import metrics as metrics_lib
-  from jaxreplay.train.loop import run
+  from jaxreplay import config as config_lib
+  from jaxreplay.train import loop
+  run = lambda c, log: loop.run(config_lib.validate(c), log)  # noqa: E731
 
   # Spies: the run files this process writes, and the tree of the last checkpoint.
   wrote, saved, logs = [], {}, []

@@ -11,7 +11,7 @@ import numpy as np
 from jaxreplay.config import load_config
 from jaxreplay.train import checkpoint as ckpt
 from jaxreplay.train import build as build_lib
-from jaxreplay.train import loop
+from conftest import run
 from jaxreplay.train.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,7 +75,7 @@ def test_trainer_keeps_best_and_resumes_from_latest(tmp_path, monkeypatch):
 
   monkeypatch.setattr(build_lib, "evaluate", scripted)
   wd = tmp_path / "run"
-  s = loop.run(tiny_config(wd, tmp_path / "cache", **{"train.steps": 4}), log=lambda *_: None)
+  s = run(tiny_config(wd, tmp_path / "cache", **{"train.steps": 4}), log=lambda *_: None)
   best_dir = wd / "checkpoints_best"
   assert sorted(os.listdir(best_dir)) == ["2"]  # 0.6 at step 2; the 0.9 before RL is no checkpoint
   assert s["best_checkpoint"]["step"] == 2 and s["best_checkpoint"]["eval/acc_sampled"] == 0.6
@@ -97,7 +97,7 @@ def test_trainer_keeps_best_and_resumes_from_latest(tmp_path, monkeypatch):
   assert any(not np.array_equal(x, y) for x, y in zip(p2, c))  # and step 4 differs from it
   # resuming to 6 steps starts from the latest (4), not the best (2)
   logs = []
-  s = loop.run(tiny_config(wd, tmp_path / "cache", **{"train.steps": 6}), log=logs.append)
+  s = run(tiny_config(wd, tmp_path / "cache", **{"train.steps": 6}), log=logs.append)
   assert any("resumed" in str(m) and "at step 4" in str(m) for m in logs), logs
   assert [r["step"] for r in read_metrics(wd)][-2:] == [5, 6]
   assert sorted(os.listdir(best_dir)) == ["6"]  # 0.55 at step 5 < 0.6; 0.7 at step 6

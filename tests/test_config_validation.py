@@ -83,7 +83,7 @@ def test_fsdp_counts_towards_the_batch_split():
     ("sampler.temperature", 0.0, r"config.sampler.temperature=0.0 is invalid: must be > 0"),
     ("checkpoint.max_to_keep", 0, r"config.checkpoint.max_to_keep=0 is invalid: must be >= 1"),
     ("rollout.behaviour_logprobs", "learnr", r"config.rollout.behaviour_logprobs='learnr' is "
-                                             r"invalid: must be one of sampler, learner"),
+                                             r"invalid: must be one of \('sampler', 'learner'\) \(did you mean 'learner'\?\)"),
     ("eval.batch_rows", 0, r"config.eval.batch_rows=0 is invalid: must be >= 1"),
 ])
 def test_range_checks(field, value, match):
@@ -98,7 +98,7 @@ def test_group_size_one_is_fine_without_a_group_baseline():
 
 
 def test_bad_mesh_fails_in_run_before_any_compute(tmp_path, monkeypatch):
-  """``run`` raises the ConfigError before it builds a task, tokenizer or model."""
+  """Validation raises the ConfigError before the job builds a task, tokenizer or model."""
   from jaxreplay.train import build as build_lib
   from jaxreplay.train import loop
   c = _default(**{"mesh.data": 3})
@@ -109,4 +109,4 @@ def test_bad_mesh_fails_in_run_before_any_compute(tmp_path, monkeypatch):
 
   monkeypatch.setattr(build_lib, "make_task", boom)
   with pytest.raises(ConfigError, match="config.mesh="):
-    loop.run(c, log=lambda *_: None)
+    loop.run(config_lib.validate(c), log=lambda *_: None)

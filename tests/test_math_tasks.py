@@ -229,7 +229,7 @@ def test_each_format_runs_end_to_end(name, checkpoint, shared_compiles, tmp_path
   the timeout: the run finishes and both rewards are counted as failures."""
   from jaxreplay.tasks.scoring import Scorer
   from jaxreplay.train import build as build_lib
-  from jaxreplay.train.loop import run
+  from conftest import run
   from jaxreplay.train.metrics import read_metrics
   from scoring_faults import OneShotFaults
 

@@ -22,7 +22,7 @@ import pytest
 
 from jaxreplay import config as config_lib
 from jaxreplay.train import checkpoint as ckpt_lib
-from jaxreplay.train.loop import run
+from conftest import run
 from jaxreplay.train.metrics import read_metrics, read_records
 from multiprocess_worker import tiny_config
 
@@ -143,7 +143,7 @@ def test_state_ring_and_reference_share_the_parameter_layout(runs, cache, tmp_pa
   """build() on a (2, 2, 2) mesh: the train state (optimizer moments included), the KL
   reference and simulated_async's parameter ring are created in the parameters' own
   sharded layout; the ring and the reference exist only when the config uses them."""
-  from jaxreplay.train.build import build
+  from conftest import build
   if jax.device_count() < 8:
     pytest.skip("needs 8 (fake) devices")
   c = tiny_config(str(tmp_path / "a"), cache, steps=3)

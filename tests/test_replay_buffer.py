@@ -24,9 +24,9 @@ def _items(n, start=0, rewards=None, advantages=None):
                                     else advantages)}
 
 
-_sample = jax.jit(replay.sample, static_argnames=("batch_size", "cfg"))
+_sample = jax.jit(replay.sample, static_argnames=("batch_size", "spec"))
 _add = jax.jit(replay.add)
-_probs = jax.jit(replay.probabilities, static_argnames=("batch_size", "cfg"))
+_probs = jax.jit(replay.probabilities, static_argnames=("batch_size", "spec"))
 _batch_stats = jax.jit(stats.batch_stats, static_argnames="num_bins")
 _buffer_stats = jax.jit(stats.buffer_stats, static_argnames="num_bins")
 
@@ -108,12 +108,12 @@ def test_positive_bias_example_exact():
     for j in range(12):
       s = _add(s, _items(1, start=j + 1, rewards=CORRECT_12[j:j + 1]), jnp.array([j]), j)
     if capacity == 12:
-      p = np.asarray(_probs(s, 12, batch_size=8, cfg=cfg))
+      p = np.asarray(_probs(s, 12, batch_size=8, spec=cfg))
       eligible = sorted(np.asarray(s.items["id"])[p > 0].tolist())
       assert eligible == [2, 4, 6, 7, 9, 10, 11, 12]
       np.testing.assert_allclose(p[p > 0], 1 / 8)
     # B = N = 8 without replacement: the batch is the eligible set itself
-    _, r = _sample(s, jax.random.key(3), batch_size=8, current_version=12, step=12, cfg=cfg)
+    _, r = _sample(s, jax.random.key(3), batch_size=8, current_version=12, step=12, spec=cfg)
     assert sorted(np.asarray(r.items["id"]).tolist()) == [2, 4, 6, 7, 9, 10, 11, 12]
 
 
@@ -137,7 +137,7 @@ def test_case8_priority_probabilities_and_draws():
   s = replay.init(_items(1), 3)
   s = replay.add(s, _items(3, advantages=np.array([1.0, -2.0, 3.0], np.float32)),
                  jnp.zeros(3), 0)
-  p = np.asarray(_probs(s, 0, batch_size=1, cfg=cfg))
+  p = np.asarray(_probs(s, 0, batch_size=1, spec=cfg))
   np.testing.assert_allclose(p, [1 / 6, 1 / 3, 1 / 2], atol=1e-6)
   assert abs(p.sum() - 1) < 1e-6
   draws = jax.jit(jax.vmap(lambda k: replay.sample(s, k, 1000, 0, 0, cfg)[1].indices))(
@@ -147,7 +147,7 @@ def test_case8_priority_probabilities_and_draws():
   # capacity 5, all priorities 1: the newest item (slot 4) has probability 0.2, not 0
   s5 = replay.init(_items(1), 5)
   s5 = replay.add(s5, _items(5, advantages=np.ones(5, np.float32)), jnp.zeros(5), 0)
-  np.testing.assert_allclose(_probs(s5, 0, batch_size=1, cfg=cfg), 0.2, atol=1e-7)
+  np.testing.assert_allclose(_probs(s5, 0, batch_size=1, spec=cfg), 0.2, atol=1e-7)
 
 
 @pytest.mark.parametrize("cfg", [
@@ -164,7 +164,7 @@ def test_case8_probabilities_sum_to_one_and_zero_on_empty(cfg):
   s = replay.add(s, _items(7, rewards=CORRECT_12[:7], advantages=np.linspace(-1, 2, 7)),
                  jnp.arange(7), 0)
   s, _ = replay.sample(s, jax.random.key(0), 2, 7, 1)  # some used items for fresh_first
-  p = np.asarray(_probs(s, 7, batch_size=2, cfg=cfg))
+  p = np.asarray(_probs(s, 7, batch_size=2, spec=cfg))
   assert abs(p.sum() - 1) < 1e-6
   np.testing.assert_array_equal(p[7:], 0.0)
 
@@ -191,15 +191,15 @@ def test_case13_through_the_priority_sampler():
   s = replay.init(_items(1), 4)
   s = replay.add(s, _items(4, advantages=np.array([1.0, -2.0, 3.0, 4.0], np.float32)),
                  jnp.zeros(4), 0)
-  np.testing.assert_allclose(_probs(s, 0, batch_size=1, cfg=cfg), [0.1, 0.2, 0.3, 0.4],
+  np.testing.assert_allclose(_probs(s, 0, batch_size=1, spec=cfg), [0.1, 0.2, 0.3, 0.4],
                              atol=1e-6)
-  _, r = _sample(s, jax.random.key(0), batch_size=64, current_version=0, step=0, cfg=cfg)
+  _, r = _sample(s, jax.random.key(0), batch_size=64, current_version=0, step=0, spec=cfg)
   expect = np.array([1.0, 0.7578583, 0.6443940, 0.5743492])[np.asarray(r.indices)]
   np.testing.assert_allclose(r.weights, expect, atol=1e-5)
   # uniform priorities: every weight exactly 1.0
   s = replay.init(_items(1), 4)
   s = replay.add(s, _items(4, advantages=np.full(4, 0.7, np.float32)), jnp.zeros(4), 0)
-  _, r = _sample(s, jax.random.key(0), batch_size=16, current_version=0, step=0, cfg=cfg)
+  _, r = _sample(s, jax.random.key(0), batch_size=16, current_version=0, step=0, spec=cfg)
   np.testing.assert_array_equal(r.weights, 1.0)
 
 
@@ -216,7 +216,7 @@ def test_max_staleness_evicts_before_drawing():
   np.testing.assert_array_equal(s.policy_version, [7, 7, 5, 6])
   assert not bool(replay.can_sample(s, 4, cfg, current_version=7))
   assert bool(replay.can_sample(s, 3, cfg, current_version=7))
-  s2, r = _sample(s, jax.random.key(0), batch_size=3, current_version=7, step=3, cfg=cfg)
+  s2, r = _sample(s, jax.random.key(0), batch_size=3, current_version=7, step=3, spec=cfg)
   assert sorted(np.asarray(r.indices).tolist()) == [0, 1, 3]  # version 5 (slot 2) dropped
   np.testing.assert_array_equal(np.asarray(s.policy_version)[np.asarray(r.indices)] >= 6, True)
   np.testing.assert_array_equal(s2.valid, [True, True, False, True])
@@ -230,16 +230,16 @@ def test_max_times_sampled_evicts_after_use_and_add_refills():
   cfg = SamplerConfig(max_times_sampled=1)
   s = replay.init(_items(1), 6)
   s = replay.add(s, _items(6), jnp.zeros(6), 0)
-  s, r1 = _sample(s, jax.random.key(0), batch_size=4, current_version=0, step=0, cfg=cfg)
+  s, r1 = _sample(s, jax.random.key(0), batch_size=4, current_version=0, step=0, spec=cfg)
   assert int(s.size) == 2
-  s, r2 = _sample(s, jax.random.key(1), batch_size=2, current_version=0, step=1, cfg=cfg)
+  s, r2 = _sample(s, jax.random.key(1), batch_size=2, current_version=0, step=1, spec=cfg)
   assert set(np.asarray(r2.indices).tolist()) == set(range(6)) - set(
       np.asarray(r1.indices).tolist())
   assert int(s.size) == 0 and not bool(s.valid.any())
   s = replay.add(s, _items(3, start=6), jnp.ones(3), 2)  # into the holes at slots 0,1,2
   assert int(s.size) == 3 and int(s.write_index) == 3
   np.testing.assert_array_equal(s.valid, [1, 1, 1, 0, 0, 0])
-  _, r = _sample(s, jax.random.key(2), batch_size=3, current_version=0, step=2, cfg=cfg)
+  _, r = _sample(s, jax.random.key(2), batch_size=3, current_version=0, step=2, spec=cfg)
   assert sorted(np.asarray(r.items["id"]).tolist()) == [6, 7, 8]
 
 
@@ -252,7 +252,7 @@ def test_fresh_first_takes_never_used_first():
   s = replay.add(s, _items(8), jnp.zeros(8), 0)
   seen = set()
   for t in range(3):  # 8 items, batches of 3: 3 fresh, 3 fresh, 2 fresh + 1 used
-    s, r = _sample(s, jax.random.key(t), batch_size=3, current_version=0, step=t, cfg=cfg)
+    s, r = _sample(s, jax.random.key(t), batch_size=3, current_version=0, step=t, spec=cfg)
     idx = np.asarray(r.indices).tolist()
     assert len(set(idx)) == 3
     fresh = [i for i in idx if i not in seen]
@@ -269,13 +269,13 @@ def test_group_mode_samples_whole_aligned_groups():
   s = replay.init(_items(1), 12)
   s = replay.add(s, _items(8), jnp.zeros(8), 0)
   for t in range(5):
-    s, r = _sample(s, jax.random.key(t), batch_size=8, current_version=0, step=t, cfg=cfg)
+    s, r = _sample(s, jax.random.key(t), batch_size=8, current_version=0, step=t, spec=cfg)
     ids = np.asarray(r.items["id"]).reshape(2, 4)
     assert sorted(ids[:, 0].tolist()) == [0, 4]
     np.testing.assert_array_equal(ids - ids[:, :1], [[0, 1, 2, 3]] * 2)
   s = replay.add(s, _items(6, start=8), jnp.zeros(6), 1)  # 2 of block 0 overwritten (12, 13)
   # blocks: [12,13,2,3] (mixed groups, but all valid), [4..7], [8..11]
-  p = np.asarray(_probs(s, 0, batch_size=4, cfg=cfg))
+  p = np.asarray(_probs(s, 0, batch_size=4, spec=cfg))
   np.testing.assert_allclose(p, 1 / 12)
   with pytest.raises(ValueError, match="group_size"):
     SamplerConfig(group_size=2, sampler="recency")

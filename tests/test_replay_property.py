@@ -32,7 +32,7 @@ CONFIGS = [
 ]
 
 _add = jax.jit(replay.add)
-_evict = jax.jit(replay.evict, static_argnames="cfg")
+_evict = jax.jit(replay.evict, static_argnames="spec")
 
 
 @functools.cache
@@ -104,7 +104,7 @@ def test_matches_numpy_reference(ops, seed):
       version, step = version + 1, step + 1
     elif op == "evict":
       cfg = SamplerConfig(max_staleness=a)
-      s = _evict(s, jnp.int32(version), cfg=cfg)
+      s = _evict(s, jnp.int32(version), spec=cfg)
       ref.evict(version, max_staleness=a)
     else:
       cfg = CONFIGS[a]

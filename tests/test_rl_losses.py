@@ -334,3 +334,27 @@ def test_shape_errors():
                          jnp.ones((2, 4), bool))
   with pytest.raises(AssertionError):
     losses.reinforce_loss(jnp.zeros(4), jnp.zeros(4), jnp.zeros(4), jnp.ones(4, bool))
+
+
+def test_an_extreme_log_ratio_gives_a_finite_bounded_term_with_zero_gradient():
+  """log π − log μ = 100 (exp overflows float32 past ~88): the term is bounded at e^20, as
+  verl clamps the log-ratio, and its gradient is 0 instead of NaN."""
+  from jaxreplay.rl.losses import LOG_RATIO_BOUND, POLICY_LOSSES
+  assert LOG_RATIO_BOUND == 20.0
+  behaviour = jnp.array([[-100.5, -1.0]])
+  mask = jnp.ones((1, 2), bool)
+  for name in ("ppo_clip", "tis", "decoupled", "reinforce"):
+    fn = POLICY_LOSSES[name]
+
+    def total(logp, fn=fn):
+      loss, info = fn(logp, behaviour, jnp.array([-1.0]), mask)
+      return loss.sum(), info
+
+    logp = jnp.array([[-0.5, -1.0]])
+    (value, info), grad = jax.value_and_grad(total, has_aux=True)(logp)
+    assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad))), name
+    if name != "decoupled":  # its info.ratio is π/π_prox (1 here); π_prox/μ is capped
+      assert float(info.ratio[0, 0]) == pytest.approx(np.exp(20.0), rel=1e-6), name
+    if name == "ppo_clip":  # A < 0: −min(r·A, clip(r)·A) = r·|A| = e^20 at the bound, then
+      assert float(value) == pytest.approx(np.exp(20.0) + 1.0, rel=1e-6)  # + the ratio-1 token
+      assert float(grad[0, 0]) == 0.0  # flat past the bound, as on PPO's clipped side

@@ -276,3 +276,28 @@ def test_make_optimizer_reads_the_algo_section():
     train_step.make_optimizer(dict(algo, update_epochs=1, num_minibatches=1), 2)
   with pytest.raises(ValueError, match=r"schedule='linear' is not one of"):
     train_step.scheduled_adamw(1e-2, 0, 1.0, schedule="linear")
+
+
+def test_one_extreme_token_does_not_cost_the_batch(model_and_batch):
+  """A behaviour log-prob 100 nats below the current one on one token: before the bound,
+  exp overflowed, the gradient was NaN and the whole update was skipped. Now the update is
+  applied, and equals the update with that token's log-ratio at 25 (also past the ±20
+  bound: the same finite term, no gradient through it)."""
+  _, graphdef, params, batch = model_and_batch
+  algo = default_algo()
+  opt = train_step.scheduled_adamw(1e-2, 0, 1.0)
+  step = train_step.make_train_step(graphdef, opt, algo, 1.0)
+  results = []
+  for gap in (100.0, 25.0):  # row 1 has A = −1: PPO does not clip a large ratio there
+    b = batch.replace(behaviour_logprobs=batch.behaviour_logprobs.at[1, 4].add(-gap))
+    p0 = fresh(params)
+    state = train_step.TrainState(params=p0, opt_state=opt.init(p0), step=jnp.int32(0),
+                                  skipped=jnp.int32(0))
+    state, m = step(state, b, jnp.ones(B))
+    assert float(m["skipped_update"]) == 0.0 and int(state.skipped) == 0, gap
+    assert np.isfinite(float(m["loss"])) and np.isfinite(float(m["grad_norm"])), gap
+    results.append((float(m["loss"]), float(m["grad_norm"]), state.params))
+  (l100, g100, p100), (l25, g25, p25) = results
+  assert l100 == l25 and g100 == g25 and g100 > 0
+  same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), p100, p25)
+  assert all(jax.tree.leaves(same))

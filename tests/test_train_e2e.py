@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxreplay.config import ConfigError, load_config
-from jaxreplay.train.loop import restore, run
+from conftest import restore, run
 from jaxreplay.train.metrics import read_metrics, read_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from jaxreplay import config as config_lib  # noqa: E402
 from jaxreplay.tasks.base import math_reward  # noqa: E402
-from jaxreplay.train.loop import run  # noqa: E402
+from conftest import run  # noqa: E402
 from jaxreplay.train.metrics import read_records  # noqa: E402
 from jaxreplay.train.policy import HFTextIO  # noqa: E402
 from test_models_tokenizer import CHATML  # noqa: E402

@@ -105,7 +105,7 @@ def test_async_generator_inserts_within_the_limiter_and_stops_when_blocked():
                                      policy_version=jnp.full((r,), version, jnp.int32))
     return ro, Generation(Ledger(generated_rollouts=r), {"reward": 1.0}, position + r // 2)
 
-  gen = AsyncGenerator(produce=produce, insert=make_inserter(r), limiter=lim,
+  gen = AsyncGenerator(produce=produce, insert=make_inserter(replay.make_replay_buffer(32, b), r), limiter=lim,
                        limiter_state=rate_lib.init(), buffer=replay.init(empty_rollout(1, 3), 32),
                        position=0, params={"w": jnp.zeros(2)}, ref_params=None, version=0,
                        insert_size=r, sample_size=b, key=jax.random.key(0), timeout_s=5.0,
@@ -137,7 +137,8 @@ def test_ready_needs_b_items_within_the_age_cutoff_for_every_sampler():
   buf = replay.add(buf, empty_rollout(4, 3), jnp.zeros(4, jnp.int32), jnp.int32(0))
   buf = replay.add(buf, empty_rollout(1, 3), jnp.full(1, 5, jnp.int32), jnp.int32(5))
   for sampler in ("recency", "uniform"):
-    ready = make_ready(4, replay.SamplerConfig(sampler=sampler, max_staleness=2))
+    ready = make_ready(replay.make_replay_buffer(
+        8, 4, replay.SamplerConfig(sampler=sampler, max_staleness=2)))
     assert not bool(ready(buf, jnp.int32(5)))  # 4 items are 5 versions old: 1 drawable
     assert bool(ready(buf, jnp.int32(2)))  # at version 2 all 5 are within the cut-off
-  assert not bool(make_ready(6, replay.SamplerConfig())(buf, jnp.int32(0)))  # 5 < B = 6
+  assert not bool(make_ready(replay.make_replay_buffer(8, 6))(buf, jnp.int32(0)))  # 5 < B = 6

@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxreplay.config import load_config
 from jaxreplay.train import checkpoint as ckpt_lib
-from jaxreplay.train.loop import run
+from conftest import run
 from jaxreplay.train.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,7 +11,7 @@ import pytest
 from jaxreplay.config import ConfigError, validate
 from jaxreplay.train import generation as generation_lib
 from jaxreplay.train import metrics as metrics_lib
-from jaxreplay.train.loop import run
+from conftest import run
 from jaxreplay.train.metrics import read_metrics
 from test_train_e2e import _strip, apply_overrides, small_config  # noqa: E402
 
@@ -171,7 +171,7 @@ def test_async_learner_failure_stops_the_generator(cache_dir, tmp_path, monkeypa
 
 def _buffer_after(workdir, cache_dir, **kw):
   """The buffer of the run's latest checkpoint (restored through the trainer's own resume)."""
-  from jaxreplay.train.build import build
+  from conftest import build
   from jaxreplay.train.carry import resume
   job, fresh = build(tiny_config(workdir, cache_dir, **kw), log=_quiet)
   try:

@@ -225,7 +225,7 @@ def init(example_items: Any, capacity: int, *, evicts: bool = True) -> BufferSta
     example_items: pytree with leaves [N, ...] (N is ignored; dtypes and trailing shapes kept).
     capacity: C >= 1.
     evicts: whether items may leave other than by being overwritten (a ``SamplerConfig``
-      with ``max_staleness`` or ``max_times_sampled``, i.e. ``cfg.evicts``, or direct
+      with ``max_staleness`` or ``max_times_sampled``, i.e. ``spec.evicts``, or direct
       ``evict`` calls); sets ``may_have_holes``. The default True is always correct. Pass
       False (as ``make_replay_buffer`` and the trainer do for configs without eviction) for
       the fast uniform draw; if an eviction happens anyway, the state is marked then — its
@@ -326,27 +326,27 @@ def add(state: BufferState, items: Any, policy_version: jax.Array, step: jax.Arr
 
 
 def evict(state: BufferState, current_version: jax.Array,
-          cfg: SamplerConfig = DEFAULT_CONFIG) -> BufferState:
-  """Drops items beyond ``cfg.max_staleness`` versions or with ``cfg.max_times_sampled`` uses.
+          spec: SamplerConfig = DEFAULT_CONFIG) -> BufferState:
+  """Drops items beyond ``spec.max_staleness`` versions or with ``spec.max_times_sampled`` uses.
 
   ``sample`` applies it (age before drawing, use count after), so calling it directly is
   only needed to inspect or checkpoint an evicted state. O(C) when a rule is on; a no-op
   (traces to nothing) when neither is.
 
   Args:
-    state: buffer state. current_version: int32 scalar policy version. cfg: static config.
+    state: buffer state. current_version: int32 scalar policy version. spec: static config.
 
   Returns:
     The state with evicted slots invalid, ``size`` reduced and, when a rule is on,
     ``may_have_holes`` set.
   """
-  if not cfg.evicts:
+  if not spec.evicts:
     return state
   drop = jnp.zeros_like(state.valid)
-  if cfg.max_staleness is not None:
-    drop = drop | (current_version - state.policy_version > cfg.max_staleness)
-  if cfg.max_times_sampled is not None:
-    drop = drop | (state.times_sampled >= cfg.max_times_sampled)
+  if spec.max_staleness is not None:
+    drop = drop | (current_version - state.policy_version > spec.max_staleness)
+  if spec.max_times_sampled is not None:
+    drop = drop | (state.times_sampled >= spec.max_times_sampled)
   drop = drop & state.valid
   n_drop = drop.sum(dtype=jnp.int32)
   # `n_drop >= 0` is always true; it makes the in-place write of `meta` wait for the count
@@ -360,38 +360,38 @@ def _is_contiguous(state: BufferState) -> jax.Array:
   return state.size == jnp.minimum(state.total_inserted, state.capacity)
 
 
-def _correct(state: BufferState, cfg: SamplerConfig) -> jax.Array:
-  return state.reward >= cfg.correct_threshold
+def _correct(state: BufferState, spec: SamplerConfig) -> jax.Array:
+  return state.reward >= spec.correct_threshold
 
 
 def _weights(state: BufferState, current_version: jax.Array, batch_size: int,
-             cfg: SamplerConfig) -> jax.Array:
+             spec: SamplerConfig) -> jax.Array:
   """[C] float32 probabilities of the samplers that are not of the uniform family."""
   valid = state.valid
-  if cfg.sampler == "recency":
-    if cfg.recency == "exponential":
+  if spec.sampler == "recency":
+    if spec.recency == "exponential":
       s = (current_version - state.policy_version).astype(jnp.float32)
       s_min = jnp.min(jnp.where(valid, s, jnp.inf))
-      w = jnp.exp(-(s - s_min) / cfg.recency_temperature)
+      w = jnp.exp(-(s - s_min) / spec.recency_temperature)
     else:
       rank = S.rank_by_freshness(valid, state.write_index).astype(jnp.float32)
-      w = jnp.exp(rank * jnp.log1p(-cfg.recency_p))
-  elif cfg.sampler == "priority":
-    w = (jnp.abs(state.advantage) + cfg.priority_eps) ** cfg.priority_alpha
+      w = jnp.exp(rank * jnp.log1p(-spec.recency_p))
+  elif spec.sampler == "priority":
+    w = (jnp.abs(state.advantage) + spec.priority_eps) ** spec.priority_alpha
   else:
-    raise AssertionError(cfg.sampler)
+    raise AssertionError(spec.sampler)
   w = jnp.where(valid, w, 0.0)
   total = w.sum()
   uniform = valid.astype(jnp.float32) / jnp.maximum(state.size, 1).astype(jnp.float32)
   return jnp.where(total > 0, w / jnp.where(total > 0, total, 1.0), uniform)
 
 
-def _eligible(state: BufferState, cfg: SamplerConfig) -> jax.Array:
+def _eligible(state: BufferState, spec: SamplerConfig) -> jax.Array:
   """[C] bool slots a uniform-family sampler may draw (group mode: slots of whole groups)."""
-  if cfg.sampler == "positive_bias":
-    return S.positive_bias_eligible(state.valid, _correct(state, cfg), state.write_index,
-                                    cfg.num_fresh_any, cfg.num_fresh_correct)
-  g = cfg.group_size
+  if spec.sampler == "positive_bias":
+    return S.positive_bias_eligible(state.valid, _correct(state, spec), state.write_index,
+                                    spec.num_fresh_any, spec.num_fresh_correct)
+  g = spec.group_size
   if g > 1:
     whole = state.valid.reshape(-1, g).all(axis=1)
     return jnp.repeat(whole, g)
@@ -399,7 +399,7 @@ def _eligible(state: BufferState, cfg: SamplerConfig) -> jax.Array:
 
 
 def probabilities(state: BufferState, current_version: jax.Array, batch_size: int,
-                  cfg: SamplerConfig = DEFAULT_CONFIG) -> jax.Array:
+                  spec: SamplerConfig = DEFAULT_CONFIG) -> jax.Array:
   """[C] float32: the probability that one position of a batch holds each slot.
 
   These are the probabilities ``sample`` draws with (after age eviction): per-draw P(i) for
@@ -409,13 +409,13 @@ def probabilities(state: BufferState, current_version: jax.Array, batch_size: in
 
   Args:
     state: buffer state. current_version: int32 scalar. batch_size: B (static).
-    cfg: static sampler config.
+    spec: static sampler config.
   """
-  if cfg.max_staleness is not None:
-    state = evict(state, current_version, SamplerConfig(max_staleness=cfg.max_staleness))
-  if cfg.sampler in ("recency", "priority"):
-    return _weights(state, current_version, batch_size, cfg)
-  if cfg.sampler == "fresh_first":
+  if spec.max_staleness is not None:
+    state = evict(state, current_version, SamplerConfig(max_staleness=spec.max_staleness))
+  if spec.sampler in ("recency", "priority"):
+    return _weights(state, current_version, batch_size, spec)
+  if spec.sampler == "fresh_first":
     fresh = state.valid & (state.times_sampled == 0)
     used = state.valid & ~fresh
     n_f = fresh.sum(dtype=jnp.int32).astype(jnp.float32)
@@ -424,16 +424,16 @@ def probabilities(state: BufferState, current_version: jax.Array, batch_size: in
     p_f = jnp.minimum(b, n_f) / jnp.maximum(n_f, 1.0) / b
     p_u = jnp.maximum(b - n_f, 0.0) / jnp.maximum(n_u, 1.0) / b
     return jnp.where(fresh, p_f, jnp.where(used, p_u, 0.0))
-  eligible = _eligible(state, cfg)
+  eligible = _eligible(state, spec)
   n = eligible.sum(dtype=jnp.int32)
   return eligible.astype(jnp.float32) / jnp.maximum(n, 1).astype(jnp.float32)
 
 
 def _draw_uniform_family(state: BufferState, key: jax.Array, batch_size: int,
-                         cfg: SamplerConfig) -> tuple[jax.Array, jax.Array]:
+                         spec: SamplerConfig) -> tuple[jax.Array, jax.Array]:
   """([B] int32 slots, [B] float32 probs) for uniform, positive_bias, fresh_first, groups."""
   c = state.capacity
-  if cfg.sampler == "fresh_first":
+  if spec.sampler == "fresh_first":
     fresh = state.valid & (state.times_sampled == 0)
     used = state.valid & ~fresh
     n_f = fresh.sum(dtype=jnp.int32)
@@ -449,12 +449,12 @@ def _draw_uniform_family(state: BufferState, key: jax.Array, batch_size: int,
     p_u = jnp.maximum(bf - nf, 0.0) / jnp.maximum(nu, 1.0) / bf
     return idx, jnp.where(b < n_f, p_f, p_u)  # positions b < n_f hold the fresh slots
 
-  g = cfg.group_size
+  g = spec.group_size
   k = batch_size // g
   draw = ((lambda key, n: S.uniform_ints(key, (k,), n))
-          if cfg.replace else (lambda key, n: S.distinct_ranks(key, n, k)))
+          if spec.replace else (lambda key, n: S.distinct_ranks(key, n, k)))
 
-  if cfg.sampler == "uniform" and g == 1:
+  if spec.sampler == "uniform" and g == 1:
     n = state.size
     rank = draw(key, n)
 
@@ -468,7 +468,7 @@ def _draw_uniform_family(state: BufferState, key: jax.Array, batch_size: int,
     else:
       idx = contiguous(rank)
   else:
-    eligible = _eligible(state, cfg)
+    eligible = _eligible(state, spec)
     if g > 1:
       eligible_blocks = eligible.reshape(-1, g)[:, 0]
       n_blocks = eligible_blocks.sum(dtype=jnp.int32)
@@ -483,13 +483,13 @@ def _draw_uniform_family(state: BufferState, key: jax.Array, batch_size: int,
 
 
 def sample(state: BufferState, key: jax.Array, batch_size: int, current_version: jax.Array,
-           step: jax.Array, cfg: SamplerConfig = DEFAULT_CONFIG
+           step: jax.Array, spec: SamplerConfig = DEFAULT_CONFIG
            ) -> tuple[BufferState, SampleResult]:
   """Draws a batch of B items with the configured sampler; items stay in the buffer.
 
-  Order of operations: evict by age (``cfg.max_staleness``), draw, update use counters
+  Order of operations: evict by age (``spec.max_staleness``), draw, update use counters
   (``times_sampled`` += 1 per batch position, so a slot in k positions counts k uses;
-  ``last_sampled_step`` = ``step``), evict by use count (``cfg.max_times_sampled``).
+  ``last_sampled_step`` = ``step``), evict by use count (``spec.max_times_sampled``).
 
   Contract: when ``can_sample`` is True (the trainer generates until it is, like Reverb's
   minimum size), a sampler without replacement returns B distinct slots and every sampler
@@ -509,26 +509,26 @@ def sample(state: BufferState, key: jax.Array, batch_size: int, current_version:
     batch_size: B (static).
     current_version: int32 scalar, the learner's policy version (staleness = this − item's).
     step: int32 scalar learner step (recorded as the items' last use).
-    cfg: static ``SamplerConfig`` (default: the paper's uniform sampler, no duplicates).
+    spec: static ``SamplerConfig`` (default: the paper's uniform sampler, no duplicates).
 
   Returns:
     (new state, ``SampleResult``).
   """
   current_version = jnp.asarray(current_version, jnp.int32)
   step = jnp.asarray(step, jnp.int32)
-  if cfg.max_staleness is not None:
-    state = evict(state, current_version, SamplerConfig(max_staleness=cfg.max_staleness))
-  if cfg.sampler in ("recency", "priority"):
-    p_c = _weights(state, current_version, batch_size, cfg)
+  if spec.max_staleness is not None:
+    state = evict(state, current_version, SamplerConfig(max_staleness=spec.max_staleness))
+  if spec.sampler in ("recency", "priority"):
+    p_c = _weights(state, current_version, batch_size, spec)
     cums = jnp.cumsum(p_c)
     u = jax.random.uniform(key, (batch_size,), jnp.float32) * cums[-1]
     idx = S.prefix_search(cums, u)
     probs = p_c[idx]
-    beta = cfg.priority_beta if cfg.sampler == "priority" else cfg.recency_beta
+    beta = spec.priority_beta if spec.sampler == "priority" else spec.recency_beta
     min_p = jnp.min(jnp.where(p_c > 0, p_c, jnp.inf))  # least likely drawable (0 if invalid)
     weights = S.importance_weights(probs, beta, min_p)
   else:
-    idx, probs = _draw_uniform_family(state, key, batch_size, cfg)
+    idx, probs = _draw_uniform_family(state, key, batch_size, spec)
     weights = jnp.ones((batch_size,), jnp.float32)
   get = lambda x: x.at[idx].get(mode="promise_in_bounds")  # idx in [0, C) by construction
   rows = get(state.meta)  # [B, 5]: one gather for all the bookkeeping the batch reports
@@ -550,18 +550,18 @@ def sample(state: BufferState, key: jax.Array, batch_size: int, current_version:
   meta = meta.at[idx, LAST_SAMPLED_STEP].set(jnp.full((batch_size,), step),
                                              mode="promise_in_bounds")
   state = _set(state, meta=meta)
-  if cfg.max_times_sampled is not None:
-    state = evict(state, current_version, SamplerConfig(max_times_sampled=cfg.max_times_sampled))
+  if spec.max_times_sampled is not None:
+    state = evict(state, current_version, SamplerConfig(max_times_sampled=spec.max_times_sampled))
   return state, result
 
 
-def can_sample(state: BufferState, batch_size: int, cfg: SamplerConfig = DEFAULT_CONFIG,
+def can_sample(state: BufferState, batch_size: int, spec: SamplerConfig = DEFAULT_CONFIG,
                current_version: jax.Array | None = None) -> jax.Array:
   """bool scalar: ``sample`` can draw B items by its stated law (the contract of ``sample``).
 
   Exactly the condition for a draw without duplicates: with N the number of items the
-  sampler may draw after age eviction at ``current_version`` (``cfg.max_staleness``; items
-  over ``cfg.max_times_sampled`` uses are already invalid, ``sample`` evicts them after each
+  sampler may draw after age eviction at ``current_version`` (``spec.max_staleness``; items
+  over ``spec.max_times_sampled`` uses are already invalid, ``sample`` evicts them after each
   draw), it is N >= B for
 
     uniform without replacement and fresh_first: N = ``size`` (fresh_first tops up the
@@ -574,20 +574,20 @@ def can_sample(state: BufferState, batch_size: int, cfg: SamplerConfig = DEFAULT
   and positive_bias.
 
   Args:
-    state: buffer state. batch_size: B (static). cfg: static config.
-    current_version: int32 scalar, required when ``cfg.max_staleness`` is set.
+    state: buffer state. batch_size: B (static). spec: static config.
+    current_version: int32 scalar, required when ``spec.max_staleness`` is set.
 
   Raises:
-    ValueError: ``cfg.max_staleness`` set and ``current_version`` is None.
+    ValueError: ``spec.max_staleness`` set and ``current_version`` is None.
   """
-  if cfg.max_staleness is not None:
+  if spec.max_staleness is not None:
     if current_version is None:
       raise ValueError("can_sample needs current_version when buffer.max_staleness is set")
-    state = evict(state, current_version, SamplerConfig(max_staleness=cfg.max_staleness))
-  if cfg.with_replacement:  # i.i.d. draws
+    state = evict(state, current_version, SamplerConfig(max_staleness=spec.max_staleness))
+  if spec.with_replacement:  # i.i.d. draws
     return state.size >= 1
-  if cfg.sampler == "positive_bias" or cfg.group_size > 1:
-    n = _eligible(state, cfg).sum(dtype=jnp.int32)
+  if spec.sampler == "positive_bias" or spec.group_size > 1:
+    n = _eligible(state, spec).sum(dtype=jnp.int32)
   else:
     n = state.size
   return n >= batch_size
@@ -634,7 +634,11 @@ class ReplayBuffer(NamedTuple):
       donated, and ``counters``); the other leaves of the returned state are the input's.
     can_sample: ``(state, current_version=None) -> bool scalar``.
     probabilities: ``(state, current_version) -> [C] float32``, jitted.
-    cfg: the ``SamplerConfig``.
+    spec: the ``SamplerConfig``. capacity: C. batch_size: B.
+
+  The trainer adds, samples and checks readiness through these (``train.learner``), inside
+  its own jitted steps (a jitted function called under ``jit`` is inlined there): one way to
+  add and sample, whoever calls it.
   """
 
   init: Callable[..., BufferState]
@@ -642,22 +646,24 @@ class ReplayBuffer(NamedTuple):
   sample: Callable[..., tuple[BufferState, SampleResult]]
   can_sample: Callable[..., jax.Array]
   probabilities: Callable[..., jax.Array]
-  cfg: SamplerConfig
+  spec: SamplerConfig
+  capacity: int
+  batch_size: int
 
 
 def make_replay_buffer(capacity: int, batch_size: int,
-                       cfg: SamplerConfig = DEFAULT_CONFIG) -> ReplayBuffer:
-  """Validates the sizes against ``cfg`` and returns the jitted bundle (flashbax style).
+                       spec: SamplerConfig = DEFAULT_CONFIG) -> ReplayBuffer:
+  """Validates the sizes against ``spec`` and returns the jitted bundle (flashbax style).
 
   Args:
-    capacity: C >= 1. batch_size: B >= 1. cfg: ``SamplerConfig``.
+    capacity: C >= 1. batch_size: B >= 1. spec: ``SamplerConfig``.
 
   Raises:
     ValueError: a size or config field out of range (message names field and value).
   """
   if not isinstance(capacity, int) or capacity < 1:
     raise ValueError(f"buffer.capacity={capacity!r} is invalid: must be an int >= 1")
-  cfg.validate_for(capacity, batch_size)
+  spec.validate_for(capacity, batch_size)
 
   # `sample` changes only `meta` (use counters, eviction) and `counters` (size, on
   # eviction): the jitted core takes those two apart from the read-only leaves and returns
@@ -668,7 +674,7 @@ def make_replay_buffer(capacity: int, batch_size: int,
   def sample_core(meta, counters, items, scores, key, current_version, step, may_have_holes):
     state = BufferState(items=items, meta=meta, scores=scores, counters=counters,
                         may_have_holes=may_have_holes)
-    state, result = sample(state, key, batch_size, current_version, step, cfg)
+    state, result = sample(state, key, batch_size, current_version, step, spec)
     return state.meta, state.counters, result
 
   core = jax.jit(sample_core, donate_argnums=0, static_argnames="may_have_holes")
@@ -678,14 +684,14 @@ def make_replay_buffer(capacity: int, batch_size: int,
                                   current_version, step, may_have_holes=state.may_have_holes)
     # `sample` evicts (and so marks the state) exactly when the config has a rule.
     return dataclasses.replace(state, meta=meta, counters=counters,
-                               may_have_holes=state.may_have_holes or cfg.evicts), result
+                               may_have_holes=state.may_have_holes or spec.evicts), result
 
   sample_fn.jitted = core  # the compiled function (e.g. for ``_cache_size()``)
   return ReplayBuffer(
-      init=functools.partial(init, capacity=capacity, evicts=cfg.evicts),
+      init=functools.partial(init, capacity=capacity, evicts=spec.evicts),
       add=jax.jit(add, donate_argnums=0),
       sample=sample_fn,
-      can_sample=functools.partial(can_sample, batch_size=batch_size, cfg=cfg),
-      probabilities=jax.jit(functools.partial(probabilities, batch_size=batch_size, cfg=cfg)),
-      cfg=cfg,
+      can_sample=functools.partial(can_sample, batch_size=batch_size, spec=spec),
+      probabilities=jax.jit(functools.partial(probabilities, batch_size=batch_size, spec=spec)),
+      spec=spec, capacity=capacity, batch_size=batch_size,
   )

@@ -68,35 +68,35 @@ class NumpyBuffer:
     slots.sort(key=lambda s: -self.seq[s])
     return set(slots[:k])
 
-  def eligible(self, cfg: SamplerConfig) -> np.ndarray:
-    if cfg.sampler == "positive_bias":
-      fresh = self.freshest(self.valid, cfg.num_fresh_any)
-      correct = self.valid & (self.reward >= cfg.correct_threshold)
+  def eligible(self, spec: SamplerConfig) -> np.ndarray:
+    if spec.sampler == "positive_bias":
+      fresh = self.freshest(self.valid, spec.num_fresh_any)
+      correct = self.valid & (self.reward >= spec.correct_threshold)
       correct[list(fresh)] = False
-      chosen = fresh | self.freshest(correct, cfg.num_fresh_correct)
+      chosen = fresh | self.freshest(correct, spec.num_fresh_correct)
       return np.isin(np.arange(self.c), list(chosen))
-    if cfg.group_size > 1:
-      g = cfg.group_size
+    if spec.group_size > 1:
+      g = spec.group_size
       return np.repeat(self.valid.reshape(-1, g).all(1), g)
     return self.valid.copy()
 
-  def probabilities(self, current_version: int, batch_size: int, cfg: SamplerConfig):
+  def probabilities(self, current_version: int, batch_size: int, spec: SamplerConfig):
     """[C] float64 marginal probability that one batch position holds each slot."""
-    if cfg.max_staleness is not None:
-      self.evict(current_version, max_staleness=cfg.max_staleness)
+    if spec.max_staleness is not None:
+      self.evict(current_version, max_staleness=spec.max_staleness)
     v = self.valid
-    if cfg.sampler == "recency" and cfg.recency == "exponential":
+    if spec.sampler == "recency" and spec.recency == "exponential":
       s = (current_version - self.policy_version).astype(np.float64)
-      w = np.where(v, np.exp(-s / cfg.recency_temperature), 0.0)
-    elif cfg.sampler == "recency":
+      w = np.where(v, np.exp(-s / spec.recency_temperature), 0.0)
+    elif spec.sampler == "recency":
       order = sorted(np.flatnonzero(v), key=lambda s: -self.seq[s])
       w = np.zeros(self.c)
       for age, s in enumerate(order):
-        w[s] = (1 - cfg.recency_p) ** age
-    elif cfg.sampler == "priority":
-      w = np.where(v, (np.abs(self.advantage.astype(np.float64)) + cfg.priority_eps)
-                   ** cfg.priority_alpha, 0.0)
-    elif cfg.sampler == "fresh_first":
+        w[s] = (1 - spec.recency_p) ** age
+    elif spec.sampler == "priority":
+      w = np.where(v, (np.abs(self.advantage.astype(np.float64)) + spec.priority_eps)
+                   ** spec.priority_alpha, 0.0)
+    elif spec.sampler == "fresh_first":
       fresh = v & (self.times_sampled == 0)
       used = v & ~fresh
       nf, nu, b = fresh.sum(), used.sum(), batch_size
@@ -105,7 +105,7 @@ class NumpyBuffer:
       p[used] = max(b - nf, 0) / nu / b if nu else 0.0
       return p
     else:
-      w = self.eligible(cfg).astype(np.float64)
+      w = self.eligible(spec).astype(np.float64)
     return w / w.sum() if w.sum() > 0 else w
 
   def importance_weights(self, probs_all: np.ndarray, idx, beta: float) -> np.ndarray:
@@ -115,7 +115,7 @@ class NumpyBuffer:
     raw = (n * probs_all[idx]) ** (-beta)
     return raw / ((n * drawable) ** (-beta)).max()
 
-  def apply_sample(self, idx, current_version: int, step: int, cfg: SamplerConfig) -> dict:
+  def apply_sample(self, idx, current_version: int, step: int, spec: SamplerConfig) -> dict:
     """Bookkeeping of a draw of slots ``idx``; returns the expected per-item statistics."""
     idx = np.asarray(idx)
     out = dict(staleness=current_version - self.policy_version[idx],
@@ -126,6 +126,6 @@ class NumpyBuffer:
     for s in idx:
       self.times_sampled[s] += 1
       self.last_sampled_step[s] = step
-    if cfg.max_times_sampled is not None:
-      self.evict(current_version, max_times_sampled=cfg.max_times_sampled)
+    if spec.max_times_sampled is not None:
+      self.evict(current_version, max_times_sampled=spec.max_times_sampled)
     return out

@@ -69,6 +69,27 @@ class LossInfo(NamedTuple):
   clipped_high: jax.Array
 
 
+# |log π − log μ| is bounded before exp (verl clamps it to ±20 likewise): one token whose
+# behaviour log-prob is far below the current one (e.g. a sampler-side numerical outlier)
+# would otherwise give exp(x) = inf past x ≈ 88 in float32, a NaN gradient (0 · inf in the
+# unselected branch of the clip), and a skipped update for the whole batch. Past the bound
+# the token's term stays finite and its gradient is 0, as on the clipped side of PPO.
+LOG_RATIO_BOUND = 20.0
+
+
+def importance_ratio(logp_bt, behaviour_logp_bt) -> jax.Array:
+  """exp(clip(logp − behaviour_logp, −20, 20)): the importance ratio π/μ, bounded.
+
+  Args:
+    logp_bt, behaviour_logp_bt: float32 arrays of one shape (log-probs, nats).
+
+  Returns:
+    float32 array of that shape in [e^−20, e^20]; its gradient is 0 where the log-ratio
+    is outside ±``LOG_RATIO_BOUND`` (verl's ``compute_policy_loss`` clamps it the same).
+  """
+  return jnp.exp(jnp.clip(logp_bt - behaviour_logp_bt, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+
+
 def _per_seq(x, b: int) -> jax.Array:
   """A scalar or [B] hyper-parameter as a [B, 1] float32 column."""
   x = jnp.asarray(x, jnp.float32)
@@ -124,7 +145,7 @@ def ppo_clip_loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams =
   _check(logp_bt, behaviour_logp_bt, mask_bt)
   b = logp_bt.shape[0]
   a = _adv_bt(adv, logp_bt.shape)
-  ratio = jnp.exp(logp_bt - behaviour_logp_bt)
+  ratio = importance_ratio(logp_bt, behaviour_logp_bt)
   loss, low, high = _clipped_surrogate(ratio, a, _per_seq(params.eps_low, b),
                                        _per_seq(params.eps_high, b))
   return loss, LossInfo(ratio, low, high)
@@ -153,7 +174,7 @@ def tis_loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams = Loss
   _check(logp_bt, behaviour_logp_bt, mask_bt)
   b = logp_bt.shape[0]
   a = _adv_bt(adv, logp_bt.shape)
-  ratio = jnp.exp(logp_bt - behaviour_logp_bt)
+  ratio = importance_ratio(logp_bt, behaviour_logp_bt)
   c = _per_seq(params.cap, b)
   w = sg(jnp.minimum(ratio, c))
   return -w * a * logp_bt, LossInfo(ratio, jnp.zeros(ratio.shape, bool), ratio > c)
@@ -186,8 +207,8 @@ def decoupled_loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams 
   b = logp_bt.shape[0]
   a = _adv_bt(adv, logp_bt.shape)
   prox = sg(prox_logp_bt)
-  w = jnp.minimum(jnp.exp(prox - behaviour_logp_bt), _per_seq(params.cap, b))
-  ratio = jnp.exp(logp_bt - prox)
+  w = jnp.minimum(importance_ratio(prox, behaviour_logp_bt), _per_seq(params.cap, b))
+  ratio = importance_ratio(logp_bt, prox)
   loss, low, high = _clipped_surrogate(ratio, a, _per_seq(params.eps_low, b),
                                        _per_seq(params.eps_high, b))
   return sg(w) * loss, LossInfo(ratio, low, high)
@@ -218,7 +239,8 @@ def gspo_loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams = Los
   b = logp_bt.shape[0]
   m = mask_bt.astype(jnp.float32)
   n = jnp.maximum(m.sum(-1, keepdims=True), 1.0)
-  s = jnp.exp(jnp.sum((logp_bt - behaviour_logp_bt) * m, -1, keepdims=True) / n)  # [B, 1]
+  # [B, 1]: the mean token log-ratio, bounded like the token ratios
+  s = importance_ratio(jnp.sum((logp_bt - behaviour_logp_bt) * m, -1, keepdims=True) / n, 0.0)
   loss, low, high = _clipped_surrogate(s, adv.astype(jnp.float32)[:, None],
                                        _per_seq(params.eps_low, b), _per_seq(params.eps_high, b))
   shape = logp_bt.shape
@@ -255,7 +277,7 @@ def asymre_loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams = L
   rewards_b = params.rewards_b
   baseline_b = rewards_b - adv
   loss = -(rewards_b - (baseline_b + params.delta_v)).astype(jnp.float32)[:, None] * logp_bt
-  return loss, _unclipped(jnp.exp(sg(logp_bt) - behaviour_logp_bt))
+  return loss, _unclipped(importance_ratio(sg(logp_bt), behaviour_logp_bt))
 
 
 def reinforce_loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams = LossParams()):
@@ -274,7 +296,7 @@ def reinforce_loss(logp_bt, behaviour_logp_bt, adv, mask_bt, params: LossParams 
   """
   _check(logp_bt, behaviour_logp_bt, mask_bt)
   loss = -_adv_bt(adv, logp_bt.shape) * logp_bt
-  return loss, _unclipped(jnp.exp(sg(logp_bt) - behaviour_logp_bt))
+  return loss, _unclipped(importance_ratio(sg(logp_bt), behaviour_logp_bt))
 
 
 # Every policy loss by name (the choices of ``AlgoSpec.loss``). Each follows the contract of

@@ -249,21 +249,21 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
   state = jax.jit(init_state, out_shardings=state_sh, donate_argnums=0)(params)
   params = state.params
   b = c.train.batch_size
-  init_buffer = lambda: replay.init(empty_rollout(1, c.task.prompt_width + m),
-                                    c.buffer.capacity, evicts=c.buffer.evicts)
+  rb = replay.make_replay_buffer(c.buffer.capacity, b, c.buffer)  # the one add / sample
+  init_buffer = lambda: rb.init(empty_rollout(1, c.task.prompt_width + m))
   buffer_sh = replay.state_sharding(jax.eval_shape(init_buffer), mesh, "data")
   buffer = jax.jit(init_buffer, out_shardings=buffer_sh)()
   train_step = make_train_step(graphdef, optimizer, algo, samp.temperature, samp.top_k,
                                samp.top_p)
-  learner_step = make_learner_step(train_step, b, c.buffer, cost=cost,
+  learner_step = make_learner_step(train_step, rb, cost=cost,
                                    prompt_len=c.task.prompt_width, epochs=algo.update_epochs,
                                    mesh=mesh, state_sharding=state_sh,
                                    buffer_sharding=buffer_sh)
-  ready = make_ready(b, c.buffer)
+  ready = make_ready(rb)
   drift_fn = make_drift_fn(graphdef, samp.temperature, c.drift.num_samples,
                            algo.staleness_buckets, samp.top_k, samp.top_p, algo.logprob_chunk,
                            score_rows, pack=algo.pack_sequences) if c.drift.every else None
-  fns = LearnerFns(insert=make_inserter(c.rollout.per_step, buffer_sh),
+  fns = LearnerFns(insert=make_inserter(rb, c.rollout.per_step, buffer_sh),
                    learner_step=learner_step,
                    ready=lambda buffer, version: bool(multihost.to_host(ready(buffer, version))),
                    drift=drift_fn)

@@ -48,7 +48,7 @@ class LearnerFns(NamedTuple):
   drift: Callable | None
 
 
-def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerConfig,
+def make_learner_step(train_step, rb: replay.ReplayBuffer,
                       cost: accounting.ModelCost | None = None, prompt_len: int = 0,
                       epochs: int = 1, mesh=None, state_sharding=None,
                       buffer_sharding=None):
@@ -60,7 +60,8 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
   holds B distinct eligible items (or, with replacement, counts repeats exactly).
 
   Args:
-    train_step: from ``rl.train_step.make_train_step``. batch_size: B. sampler_cfg: static.
+    train_step: from ``rl.train_step.make_train_step``. rb: the buffer's function bundle
+      (``replay.make_replay_buffer``: B, the sampler's spec, its ``sample``).
     cost: the model's FLOP parameters; with it the metrics carry ``training_flops``.
     prompt_len: P, prompt width in tokens (FLOP estimate). epochs: ``algo.update_epochs``.
     mesh: optional mesh: the sampled batch is constrained to split over ``data × fsdp``.
@@ -81,10 +82,12 @@ def make_learner_step(train_step, batch_size: int, sampler_cfg: replay.SamplerCo
     step's upper bound in memory. Otherwise ``learner_step`` is the fused jitted step.
   """
 
+  batch_size, sampler_cfg = rb.batch_size, rb.spec
+
   def draw(step, buffer: replay.BufferState, key):
     valid = buffer.valid
     never_used = valid & (buffer.times_sampled == 0)
-    buffer, s = replay.sample(buffer, key, batch_size, step, step, sampler_cfg)
+    buffer, s = rb.sample(buffer, key, step, step)
     if mesh is not None:  # the batch splits over the batch axes (data × fsdp)
       s = s.replace(items=jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
           x, sharding_lib.batch_sharding(mesh, x.ndim, batch_size)), s.items))
@@ -152,7 +155,7 @@ def _bad_slots(valid_c, s: replay.SampleResult, cfg: replay.SamplerConfig) -> ja
   return bad + (idx[1:] == idx[:-1]).sum(dtype=jnp.int32)
 
 
-def make_ready(batch_size: int, sampler_cfg: replay.SamplerConfig):
+def make_ready(rb: replay.ReplayBuffer):
   """Builds ``ready(buffer, version) -> bool scalar`` (jitted): the learner may draw.
 
   Reverb's minimum size, the same for every sampler: the buffer holds at least B items
@@ -161,30 +164,31 @@ def make_ready(batch_size: int, sampler_cfg: replay.SamplerConfig):
   samplers with replacement).
 
   Args:
-    batch_size: B (static). sampler_cfg: the static ``SamplerConfig``.
+    rb: the buffer's function bundle (B, the sampler's spec, its ``can_sample``).
 
   Returns:
     The function; ``buffer`` a ``replay.BufferState``, ``version`` an int32 scalar policy
     version; the result a bool scalar.
   """
+  batch_size, sampler_cfg = rb.batch_size, rb.spec
   age_rule = (None if sampler_cfg.max_staleness is None
               else replay.SamplerConfig(max_staleness=sampler_cfg.max_staleness))
 
   @jax.jit
   def ready(buffer, version):
     drawable = buffer if age_rule is None else replay.evict(buffer, version, age_rule)
-    return (replay.can_sample(buffer, batch_size, sampler_cfg, version)
+    return (rb.can_sample(buffer, current_version=version)
             & (drawable.size >= batch_size))
 
   return ready
 
 
-def make_inserter(n: int, buffer_sharding=None):
+def make_inserter(rb: replay.ReplayBuffer, n: int, buffer_sharding=None):
   """Builds ``insert(buffer, rollout, step) -> (buffer, lost)`` (jitted, buffer donated).
 
   Args:
-    n: R, rollouts per insert (static). buffer_sharding: optional sharding pytree the
-      returned buffer keeps.
+    rb: the buffer's function bundle (its ``add``). n: R, rollouts per insert (static).
+    buffer_sharding: optional sharding pytree the returned buffer keeps.
 
   Returns:
     The function. ``lost`` is ``(rollouts, tokens)``, int32 scalars, of the slots the add
@@ -196,6 +200,6 @@ def make_inserter(n: int, buffer_sharding=None):
                      out_shardings=None if buffer_sharding is None else (buffer_sharding, None))
   def insert(buffer, rollout, step):
     lost = accounting.unused_overwritten(buffer, n)
-    return replay.add(buffer, rollout, rollout.policy_version, step), lost
+    return rb.add(buffer, rollout, rollout.policy_version, step), lost
 
   return insert
