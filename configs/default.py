@@ -147,6 +147,8 @@ def get_config():
       coordinator_address="",  # "host:port" of process 0; "" = detect
       num_processes=config_dict.placeholder(int),  # unset = detect
       process_id=config_dict.placeholder(int),  # unset = detect
-      local_device_ids="",  # e.g. "0,1" (devices of this process); "" = all local devices
+      # e.g. "0,1"; "" = detect: under SLURM every GPU the task owns (all of the node's with
+      # one task per node, its own with --gpus-per-task), elsewhere all local devices
+      local_device_ids="",
   ))
   return c

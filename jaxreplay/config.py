@@ -330,8 +330,9 @@ def check_combinations(c: RunConfig, device_count: int, process_count: int) -> N
     _fail("algo.grad_accum_steps", algo.grad_accum_steps,
           f"must divide the minibatch train.batch_size / algo.num_minibatches = "
           f"{b} / {algo.num_minibatches}")
-  if c.task.chat_template and c.model.source != "hf":
-    _fail("task.chat_template", True, "needs model.source='hf' (a checkpoint with a chat template)")
+  if c.task.chat_template and c.model.source == "builtin":
+    _fail("task.chat_template", True, "needs model.source='hf' or 'gguf' (a checkpoint with a "
+          "chat template)")
   if c.train.mode == "async":
     rl = c.rate_limiter.settings(b, r)
     if rl["min_size_to_sample"] > c.buffer.capacity:
@@ -373,6 +374,12 @@ def check_files(c: RunConfig) -> None:
       _fail("model.path", path, "must be a local Hugging Face checkpoint directory "
             "holding config.json, tokenizer.json and *.safetensors"
             + (f" (missing: {', '.join(missing)})" if path else ""))
+  if c.model.source == "gguf":
+    from jaxreplay.models.gguf import resolve_gguf_path
+    try:
+      resolve_gguf_path(c.model.path)
+    except FileNotFoundError as e:  # the message names model.path and how to install it
+      raise _prefixed(e) from None
 
 
 def validate(cfg, device_count: int | None = None, process_count: int | None = None

@@ -17,9 +17,7 @@ Command line (suggests N and R for a batch size B):
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 from typing import Callable
 
 import numpy as np
@@ -101,13 +99,13 @@ def mu_from_run(run_dir: str) -> dict[str, float]:
   sample trained), and the paper's estimator K_train/K_inf (App. 10.4) for reference.
 
   Raises:
-    FileNotFoundError: no ``metrics.jsonl``. ValueError: no step record yet.
+    FileNotFoundError: no metric records. ValueError: no step record yet.
   """
-  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-    recs = [json.loads(line) for line in f if line.strip()]
+  from jaxreplay.train.metrics import read_records
+  recs = read_records(run_dir)
   last = next((r for r in reversed(recs) if "generate_s" in r), None)
   if last is None:
-    raise ValueError(f"{run_dir}/metrics.jsonl has no step record")
+    raise ValueError(f"{run_dir} has no step record")
   per_rollout = last["generate_s"] / max(last["generated_rollouts"], 1)
   per_sample = last["train_s"] / max(last["trained_samples"], 1)
   return {"mu_time": per_rollout / per_sample,
@@ -117,7 +115,7 @@ def mu_from_run(run_dir: str) -> dict[str, float]:
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--mu", type=float, help="generation/training cost ratio μ")
-  p.add_argument("--run_dir", help="estimate μ from this run's metrics.jsonl")
+  p.add_argument("--run_dir", help="estimate μ from this run's metric records")
   p.add_argument("--rho", type=float, required=True)
   p.add_argument("--alpha", type=float, required=True)
   p.add_argument("--batch_size", type=int, default=256, help="B")

@@ -311,7 +311,7 @@ def test_from_config_and_validate_for():
   import ml_collections
   c = from_config(ml_collections.ConfigDict(dict(capacity=64, sampler="recency",
                                                  recency_temperature=3.0)))
-  assert c == SamplerConfig(sampler="recency", recency_temperature=3.0)
+  assert c == SamplerConfig(capacity=64, sampler="recency", recency_temperature=3.0)
   with pytest.raises(ValueError, match="buffer.temperature"):
     from_config({"capacity": 4, "temperature": 1.0})
   with pytest.raises(ValueError, match="buffer.batch_size=9"):

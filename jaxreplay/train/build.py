@@ -25,6 +25,7 @@ from flax import nnx
 from jaxreplay import replay
 from jaxreplay.config import RunConfig
 from jaxreplay.models import hf as hf_models
+from jaxreplay.models.hf_tokenizer import HFTokenizer
 from jaxreplay.models.spec import ModelSpec
 from jaxreplay.models.tokenizer import load_or_train_tokenizer
 from jaxreplay.parallel import multihost
@@ -123,8 +124,9 @@ def load_policy(model: ModelSpec, task_spec: TaskSpec, warmstart: WarmstartSpec,
   ``builtin``: the byte-level BPE tokenizer and the small decoder of ``model``,
   warm-started on the task (cached under ``warmstart.cache_dir``). ``hf``: a Hugging Face
   checkpoint directory ``model.path`` (``config.json``, safetensors, ``tokenizer.json``),
-  loaded as is in ``model.dtype`` / ``model.param_dtype``; prompts go through its chat
-  template when ``task.chat_template``.
+  loaded as is in ``model.dtype`` / ``model.param_dtype``. ``gguf``: a llama.cpp GGUF file
+  (``models.gguf``: dequantized, its tokenizer and chat template from the metadata). Prompts
+  go through the checkpoint's chat template when ``task.chat_template``.
 
   With ``mesh`` the parameters are created in their ``parallel.PARAM_RULES`` layout on it:
   each process reads only the safetensors slices (or the Orbax shards of the cached base
@@ -152,6 +154,18 @@ def load_policy(model: ModelSpec, task_spec: TaskSpec, warmstart: WarmstartSpec,
                                                     remat=model.remat)
     log(f"loaded {model.path}")
     return io, graphdef, params, {"path": os.path.abspath(model.path), "cached": True}
+  if model.source == "gguf":
+    from jaxreplay.models import gguf as gguf_models
+    io = HFTextIO.from_tokenizer(HFTokenizer.from_gguf(model.path), task_spec.prompt_width,
+                                 task_spec.on_too_long, chat=task_spec.chat_template,
+                                 system_prompt=task_spec.system_prompt, origin=model.path)
+    _, graphdef, params = gguf_models.from_pretrained(model.path, mesh=mesh, dtype=model.dtype,
+                                                      param_dtype=model.param_dtype,
+                                                      scan_layers=model.scan_layers,
+                                                      remat=model.remat)
+    log(f"loaded {model.path}")
+    return io, graphdef, params, {"path": gguf_models.resolve_gguf_path(model.path),
+                                  "cached": True}
   key = base_policy_key(task_spec, model, warmstart, max_new_tokens, seed)
   tok = load_or_train_tokenizer(os.path.join(warmstart.cache_dir, key, "tokenizer.json"),
                                 [e.prompt + " " + e.answer for e in task.train],

@@ -79,9 +79,25 @@ class HFTextIO(TextIO):
       FileNotFoundError: no ``tokenizer.json``. ValueError: ``chat`` without a chat
       template, or no stop id.
     """
-    hf = HFTokenizer.from_pretrained(path)
+    return cls.from_tokenizer(HFTokenizer.from_pretrained(path), prompt_width, on_too_long,
+                              chat, system_prompt, origin=path)
+
+  @classmethod
+  def from_tokenizer(cls, hf: HFTokenizer, prompt_width: int, on_too_long: str = "truncate_left",
+                     chat: bool = False, system_prompt: str = "",
+                     origin: str = "the checkpoint") -> "HFTextIO":
+    """Wraps a loaded ``HFTokenizer`` (e.g. ``HFTokenizer.from_gguf``).
+
+    Args:
+      hf: the tokenizer. prompt_width: P, prompt tokens. on_too_long: ``task.on_too_long``.
+      chat: apply the chat template. system_prompt: a system turn ("" = none).
+      origin: where the tokenizer came from, for the error message.
+
+    Raises:
+      ValueError: ``chat`` without a chat template.
+    """
     if chat and not hf.chat_template:
-      raise ValueError(f"task.chat_template=True but {path} has no chat_template")
+      raise ValueError(f"task.chat_template=True but {origin} has no chat_template")
     return cls(tok=hf.tokenizer, prompt_width=prompt_width, eos_ids=hf.stop_ids,
                pad_id=hf.pad_id, on_too_long=on_too_long, hf=hf, chat=chat,
                system_prompt=system_prompt)

@@ -1,7 +1,7 @@
 """RECORD: after each learner step, the ledger, the metric record, evaluation and checkpoints.
 
 ``record_step`` takes the carry after a step and returns the next one; it is the only
-place that writes run files during the loop (``metrics.jsonl``, TensorBoard, the latest
+place that writes run files during the loop (the ``metrics/`` files, TensorBoard, the latest
 and best checkpoints).
 """
 

@@ -178,7 +178,7 @@ class LogSpec(Spec):
 
   Attributes:
     progress: show a tqdm progress bar.
-    tensorboard: also write TensorBoard event files (tensorboardX) beside metrics.jsonl.
+    tensorboard: also write TensorBoard event files (tensorboardX) beside the metrics/ files.
   """
 
   SECTION: ClassVar[str] = "log"
