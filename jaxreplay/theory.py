@@ -94,6 +94,50 @@ def power_law_design(mu: float, rho: float, alpha: float) -> tuple[float, float]
   return y * y / (mu - rho * y * y), y
 
 
+def power_law_design_bounded(mu: float, rho: float, alpha: float,
+                             x_bounds: tuple[float, float] = (1e-3, 1e4),
+                             y_bounds: tuple[float, float] = (1e-3, 1e4)) -> tuple[float, float]:
+  """Minimiser of J(x, y) over a box for σ(s) = (s/τ)^α (paper Thm 4.5, App. 9.3.2).
+
+  σ̄²(x) = (x/τ)^{2α}/(2α+1) (``power_law_sigma2_bar``; τ drops out). At fixed x, J is
+  convex in y with minimiser ``optimal_y(x)`` (Thm 4.5: (1 + y/μ)(1/y + a) =
+  1/y + a + 1/μ + a·y/μ), so the box's best y is that value clipped to ``y_bounds``;
+  x then minimises J(x, clip(y*(x))) over ``x_bounds`` (a 256-point log grid, refined by
+  bounded Brent on the bracket). When the unconstrained optimum lies inside the box this
+  is the closed form of ``power_law_design`` (to ~1e-8 relative); unlike it, this also
+  takes α = 0 or α >= 1/2 and ρ = 0.
+
+  Args:
+    mu: μ > 0. rho: ρ in [0, 1]. alpha: α >= 0.
+    x_bounds: (x_lo, x_hi), 0 < x_lo <= x_hi, staleness horizon N/R in learner steps.
+    y_bounds: (y_lo, y_hi), 0 < y_lo <= y_hi, replay ratio B/R.
+
+  Returns:
+    (x*, y*) floats inside the box.
+
+  Raises:
+    ValueError: inputs outside those ranges.
+  """
+  (x_lo, x_hi), (y_lo, y_hi) = x_bounds, y_bounds
+  if mu <= 0 or not 0 <= rho <= 1 or alpha < 0:
+    raise ValueError(f"need mu={mu} > 0, rho={rho} in [0, 1], alpha={alpha} >= 0")
+  if not 0 < x_lo <= x_hi or not 0 < y_lo <= y_hi:
+    raise ValueError(f"need 0 < x_lo <= x_hi ({x_bounds}) and 0 < y_lo <= y_hi ({y_bounds})")
+  s2 = power_law_sigma2_bar(alpha)
+  y_of = lambda x: min(max(optimal_y(x, mu, rho), y_lo), y_hi)
+  f = lambda lx: objective(math.exp(lx), y_of(math.exp(lx)), mu, rho, s2)
+  lo, hi = math.log(x_lo), math.log(x_hi)
+  if hi - lo < 1e-12:
+    return x_lo, y_of(x_lo)
+  grid = np.linspace(lo, hi, 256)
+  i = int(np.argmin([f(g) for g in grid]))
+  a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+  res = optimize.minimize_scalar(f, bounds=(a, b), method="bounded", options={"xatol": 1e-12})
+  lx = res.x if res.fun <= f(grid[i]) else grid[i]
+  x = min(max(math.exp(lx), x_lo), x_hi)
+  return x, y_of(x)
+
+
 def mu_from_run(run_dir: str) -> dict[str, float]:
   """μ measured from a run's last metrics record (time per rollout generated ÷ time per
   sample trained), and the paper's estimator K_train/K_inf (App. 10.4) for reference.
