@@ -58,6 +58,7 @@ projected squared norm is ≈ √(2/k); tests compare the projected estimate wit
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple
 
 import jax
@@ -144,7 +145,7 @@ def _center_weights(ages, valid, center) -> jax.Array:
     w = m * (ages == 0)
   else:
     return jnp.zeros_like(m)
-  return w / w.sum()  # NaN when there is no item to centre on: every estimate is NaN
+  return w / jnp.maximum(w.sum(), 1.0)  # all zero when there is no item (``estimate_noise``)
 
 
 def _hxh(x, a):
@@ -229,13 +230,15 @@ def _point(errors, ages, valid, a, num_items, edges, iters, min_count):
   return sigma2, count.astype(jnp.int32), age, alpha, log_s1, rho
 
 
+@functools.partial(jax.jit, static_argnames=("edges", "center", "iters", "jackknife",
+                                             "min_count"))
 def estimate_noise(grads, ages, valid=None, *, num_items, edges=DEFAULT_EDGES,
                    center: str = "mean", reference=None, iters: int = 3, jackknife: int = 8,
                    min_count: int = 2) -> NoiseEstimate:
   """σ²(s) per staleness bucket, α and ρ from per-sample gradients (module docstring).
 
-  Pure and jittable (``edges``, ``center``, ``iters``, ``jackknife``, ``min_count`` static).
-  Works on exact per-sample gradients (k = D) and on projected ones (``projected_grads``)
+  Pure and jitted (``edges`` a tuple, ``center``, ``iters``, ``jackknife``, ``min_count``
+  static; it may be called inside other jitted or vmapped code). Works on exact per-sample gradients (k = D) and on projected ones (``projected_grads``)
   alike: only inner products are used.
 
   Args:
@@ -292,9 +295,12 @@ def estimate_noise(grads, ages, valid=None, *, num_items, edges=DEFAULT_EDGES,
     _, _, _, a_j, _, r_j = jax.vmap(run)(masks)
     se = lambda t: jnp.sqrt((jackknife - 1) / jackknife * ((t - t.mean()) ** 2).sum())
     alpha_se, rho_se = se(a_j), se(r_j)
-  return NoiseEstimate(sigma2=sigma2, count=count, age=age, alpha=alpha, alpha_se=alpha_se,
-                       log_sigma1=log_s1, rho=rho, rho_se=rho_se,
-                       num_items=valid.sum().astype(jnp.int32))
+  # no staleness-0 item to centre on ('fresh'): nothing is measured
+  ok = (valid & (ages == 0)).any() if center == "fresh" else jnp.bool_(True)
+  nan = lambda x: jnp.where(ok, x, jnp.nan)
+  return NoiseEstimate(sigma2=nan(sigma2), count=count, age=age, alpha=nan(alpha),
+                       alpha_se=nan(alpha_se), log_sigma1=nan(log_s1), rho=nan(rho),
+                       rho_se=nan(rho_se), num_items=valid.sum().astype(jnp.int32))
 
 
 # --------------------------------------------------------------------------- synthetic
