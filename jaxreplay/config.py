@@ -367,17 +367,23 @@ def check_files(c: RunConfig) -> None:
   except FileNotFoundError as e:
     raise _prefixed(e) from None
   if c.model.source == "hf":
+    from jaxreplay import storage
     path = c.model.path
     missing = [f for f in ("config.json", "tokenizer.json")
-               if not os.path.exists(os.path.join(path or "", f))]
+               if not storage.exists(os.path.join(path or "", f))]
     if not path or missing:
-      _fail("model.path", path, "must be a local Hugging Face checkpoint directory "
-            "holding config.json, tokenizer.json and *.safetensors"
+      _fail("model.path", path, "must be a Hugging Face checkpoint directory (local or a URL "
+            "such as gs://...) holding config.json, tokenizer.json and *.safetensors"
             + (f" (missing: {', '.join(missing)})" if path else ""))
   if c.model.source == "gguf":
+    from jaxreplay import storage
     from jaxreplay.models.gguf import resolve_gguf_path
     try:
-      resolve_gguf_path(c.model.path)
+      if storage.is_remote(c.model.path):
+        if not storage.exists(c.model.path):
+          raise FileNotFoundError(f"model.path={c.model.path!r}: no such file")
+      else:
+        resolve_gguf_path(c.model.path)
     except FileNotFoundError as e:  # the message names model.path and how to install it
       raise _prefixed(e) from None
 

@@ -43,6 +43,7 @@ import sys
 import time
 from typing import Any
 
+from jaxreplay import storage
 from jaxreplay.train.metrics import has_metrics
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,8 +178,8 @@ def format_value(v: Any) -> str:
 def command(sweep: dict, run: Run, workdir: str) -> list[str]:
   """The trainer's command line for ``run`` (the same at every launch of the run)."""
   cmd = [sys.executable, "-m", "jaxreplay.main", "--config", resolve_path(sweep["base_config"]),
-         f"--config.seed={run.seed}", f"--config.workdir={os.path.abspath(run.workdir)}",
-         f"--config.warmstart.cache_dir={os.path.abspath(os.path.join(workdir, 'base_policies'))}"]
+         f"--config.seed={run.seed}", f"--config.workdir={storage.absolute(run.workdir)}",
+         f"--config.warmstart.cache_dir={storage.absolute(os.path.join(workdir, 'base_policies'))}"]
   return cmd + [f"--config.{k}={format_value(v)}" for k, v in run.overrides.items()]
 
 
@@ -193,8 +194,8 @@ def resolved_config(sweep: dict, run: Run, workdir: str):
   if not isinstance(cfg, config_dict.ConfigDict):
     cfg = config_dict.ConfigDict(cfg)
   cfg.lock()
-  sets = {"seed": run.seed, "workdir": os.path.abspath(run.workdir),
-          "warmstart.cache_dir": os.path.abspath(os.path.join(workdir, "base_policies")),
+  sets = {"seed": run.seed, "workdir": storage.absolute(run.workdir),
+          "warmstart.cache_dir": storage.absolute(os.path.join(workdir, "base_policies")),
           **run.overrides}
   for k, v in sets.items():
     node = cfg
@@ -214,8 +215,8 @@ def resolved_config(sweep: dict, run: Run, workdir: str):
 def finished(run: Run, steps: int) -> bool:
   """Whether ``run``'s directory holds a summary of a run with ``steps`` learner steps."""
   try:
-    with open(os.path.join(run.workdir, "summary.json")) as f:
-      return int(json.load(f).get("steps", -1)) == int(steps)
+    summary = json.loads(storage.read_text(os.path.join(run.workdir, "summary.json")))
+    return int(summary.get("steps", -1)) == int(steps)
   except (OSError, ValueError):
     return False
 
@@ -238,8 +239,7 @@ def base_policy_groups(cfgs: dict[Run, Any]) -> dict[int, dict[str, list[str]]]:
 def _summary_line(run: Run) -> str:
   """", acc 0.31→0.50" from the run's summary (sampled accuracy), or ""."""
   try:
-    with open(os.path.join(run.workdir, "summary.json")) as f:
-      s = json.load(f)
+    s = json.loads(storage.read_text(os.path.join(run.workdir, "summary.json")))
     return f", acc {s['acc_sampled_before']:.2f}→{s['acc_sampled_after']:.2f}"
   except (OSError, ValueError, KeyError, TypeError):
     return ""

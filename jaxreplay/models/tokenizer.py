@@ -49,7 +49,18 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def load_or_train_tokenizer(path: str, texts: Sequence[str], vocab_size: int) -> Tokenizer:
-  """Loads ``path`` (a ``tokenizer.json``) if it exists, else trains one and saves it."""
+  """Loads ``path`` (a ``tokenizer.json``, local or a URL such as ``gs://...``) if it exists,
+  else trains one on ``texts`` with ``vocab_size`` tokens and saves it there."""
+  from jaxreplay import storage
+  if storage.is_remote(path):
+    from etils import epath
+    p = epath.Path(path)
+    if p.exists():
+      return Tokenizer.from_str(p.read_text())
+    tok = train_bpe_tokenizer(texts, vocab_size)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(tok.to_str())  # one object write: all or nothing
+    return tok
   if os.path.exists(path):
     return Tokenizer.from_file(path)
   tok = train_bpe_tokenizer(texts, vocab_size)

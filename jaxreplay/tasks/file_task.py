@@ -20,15 +20,14 @@ cannot parse makes the example invalid: counted per split (``invalid_gold``) and
 from __future__ import annotations
 
 import dataclasses
-import glob
 import itertools
 import json
-import os
 from typing import Any, Iterator
 
 import grain
 import numpy as np
 
+from jaxreplay import storage
 from jaxreplay.tasks.base import Example, binary_reward
 from jaxreplay.tasks.math_answer import MathReward, gsm8k_gold, math_gold, with_parsed_gold
 from jaxreplay.tasks.spec import TaskSpec, field_names
@@ -89,16 +88,17 @@ def _plain(value: Any) -> Any:
 
 
 def data_files(path: str) -> list[str]:
-  """The files ``path`` names: itself, or the sorted matches of a glob pattern
-  (``data/openr1/train-*.parquet``).
+  """The local files ``path`` names: itself, or the sorted matches of a glob pattern
+  (``data/openr1/train-*.parquet``); files on cloud storage (``gs://...``) are copied into
+  the local cache once (``storage.local_copy``).
 
   Raises:
     FileNotFoundError: nothing matches.
   """
-  files = sorted(glob.glob(path)) if glob.has_magic(path) else [path] if os.path.exists(path) else []
+  files = storage.glob(path)
   if not files:
     raise FileNotFoundError(f"task data file {path!r} does not exist")
-  return files
+  return [storage.local_copy(f) for f in files]
 
 
 def read_rows(path: str, source: str) -> Iterator[dict | None]:

@@ -106,15 +106,15 @@ class TaskSpec(Spec):
     _check_task(self)
 
   def check_files(self) -> None:
-    """Requires that a file source's paths match files.
+    """Requires that a file source's paths match files (local, or URLs such as ``gs://``).
 
     Raises:
       FileNotFoundError: a path or glob that matches nothing.
     """
     if self.source in FILE_SOURCES:
-      import glob
+      from jaxreplay import storage
       for f in ("train_path", "heldout_path"):
-        if not glob.glob(getattr(self, f)):
+        if not storage.glob(getattr(self, f)):
           raise FileNotFoundError(f"task.{f}={getattr(self, f)!r}: no such file (a path or a "
                                   "glob pattern such as data/openr1/train-*.parquet)")
 

@@ -22,7 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from jaxreplay import replay
+from jaxreplay import replay, storage
 from jaxreplay.config import RunConfig
 from jaxreplay.models import hf as hf_models
 from jaxreplay.models.hf_tokenizer import HFTokenizer
@@ -144,6 +144,10 @@ def load_policy(model: ModelSpec, task_spec: TaskSpec, warmstart: WarmstartSpec,
     jaxreplay.models.hf.CheckpointMismatchError: checkpoint tensors that do not match its
       config (every mismatch listed). FileNotFoundError: files missing from ``model.path``.
   """
+  if model.source in ("hf", "gguf"):
+    # Checkpoints on cloud storage are copied to the local cache once (safetensors maps
+    # local files); local paths and package: paths are read in place.
+    model = dataclasses.replace(model, path=storage.local_copy(model.path))
   if model.source == "hf":
     io = HFTextIO.from_pretrained(model.path, task_spec.prompt_width, task_spec.on_too_long,
                                   chat=task_spec.chat_template,

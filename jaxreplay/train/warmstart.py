@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
+from jaxreplay import storage
 from jaxreplay.models import Transformer, TransformerConfig
 from jaxreplay.models.spec import ModelSpec
 from jaxreplay.models.tokenizer import encode_answers
@@ -164,7 +166,8 @@ def load_or_train_base_policy(model: ModelSpec, ws: WarmstartSpec, io, task, *, 
   Returns:
     (graphdef, params, info dict with ``path`` and ``cached``).
   """
-  path = os.path.abspath(os.path.join(ws.cache_dir, key))
+  path = os.path.join(ws.cache_dir, key)
+  path = path if storage.is_remote(path) else os.path.abspath(path)  # gs:// stays a URL
   mcfg = builtin_model_config(model)
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, nnx.Rngs(0))), nnx.Param)
   shardings = None if mesh is None else param_shardings(abstract, mesh)
@@ -174,17 +177,16 @@ def load_or_train_base_policy(model: ModelSpec, ws: WarmstartSpec, io, task, *, 
   ckptr = ocp.StandardCheckpointer()
   # info.json is written last (atomically): it marks a complete cache entry; params without
   # it are the leftover of a process killed mid-write and are trained and written again.
-  if os.path.exists(os.path.join(path, "info.json")):
+  if storage.exists(os.path.join(path, "info.json")):
     params = ckptr.restore(os.path.join(path, "params"), abstract)
-    with open(os.path.join(path, "info.json")) as f:
-      info = json.load(f)
+    info = json.loads(epath.Path(path, "info.json").read_text())
     log(f"loaded base policy from {path}")
     return graphdef, params, dict(info, path=path, cached=True)
   graphdef, params, info = train_base_policy(model, ws, io, task, seed=seed,
                                              max_new_tokens=max_new_tokens, log=log)
   if shardings is not None:
     params = jax.tree.map(multihost.to_global, params, shardings)
-  os.makedirs(path, exist_ok=True)
+  epath.Path(path).mkdir(parents=True, exist_ok=True)
   ckptr.save(os.path.join(path, "params"), params, force=True)
   ckptr.wait_until_finished()
   from jaxreplay.train.checkpoint import fault_point, write_atomic
