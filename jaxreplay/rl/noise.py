@@ -59,6 +59,7 @@ projected squared norm is ≈ √(2/k); tests compare the projected estimate wit
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable, NamedTuple
 
 import jax
@@ -73,6 +74,7 @@ from jaxreplay.rl.spec import AlgoSpec
 
 DEFAULT_EDGES = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 CENTERS = ("mean", "fresh", "reference")
+DIRECTIONS_PER_PASS = 8  # JVPs vectorised together in ``projected_grads`` (8 tangents live)
 _HI = jax.lax.Precision.HIGHEST
 _TINY = 1e-30
 
@@ -390,6 +392,8 @@ def projected_grads(loss_vec_fn: Callable, params, key, k: int) -> jax.Array:
 
   ``jax.linearize`` of the per-item loss vector L(θ) = (ℓ_1..ℓ_n) once, then one JVP per
   direction p_d (``projection_direction``): J p_d = (⟨∇ℓ_i, p_d⟩)_i, column d of the result.
+  ``DIRECTIONS_PER_PASS`` directions are pushed through together (that many parameter-sized
+  tangents live at once).
 
   Args:
     loss_vec_fn: params -> [n] float32 per-item losses. params: pytree. key: PRNG key.
@@ -400,7 +404,7 @@ def projected_grads(loss_vec_fn: Callable, params, key, k: int) -> jax.Array:
   """
   _, jvp = jax.linearize(loss_vec_fn, params)
   cols = jax.lax.map(lambda d: jvp(projection_direction(params, key, d, k)).astype(jnp.float32),
-                     jnp.arange(k))
+                     jnp.arange(k), batch_size=math.gcd(k, DIRECTIONS_PER_PASS))
   return cols.T
 
 
@@ -443,10 +447,38 @@ def per_item_loss_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: in
   return loss_vec
 
 
+def projected_item_grads(loss_vec_fn: Callable, params, items, ages, key, k: int,
+                         rows: int = 0) -> jax.Array:
+  """``projected_grads`` of ``loss_vec_fn(params, items, ages)``, ``rows`` items at a time.
+
+  Every chunk is projected on the same k directions (they depend on ``key`` and d only), so
+  the result equals the one-pass value; only one chunk's linearisation residuals are live
+  (memory of a forward pass over ``rows`` items). The item count is padded up to a multiple
+  of ``rows`` with copies of item 0, dropped from the output.
+
+  Args:
+    loss_vec_fn: (params, items, ages) -> [m] float32 per-item losses.
+    params: pytree. items: pytree of [n, ...] leaves (a ``Rollout``). ages: [n] int32.
+    key: PRNG key. k: >= 1 directions. rows: >= 0 items per chunk (0 or >= n: one pass).
+
+  Returns:
+    [n, k] float32.
+  """
+  n = ages.shape[0]
+  if not rows or rows >= n:
+    return projected_grads(lambda p: loss_vec_fn(p, items, ages), params, key, k)
+  pad = -n % rows
+  take = jnp.concatenate([jnp.arange(n), jnp.zeros((pad,), jnp.int32)])
+  chunk = lambda x: x[take].reshape((-1, rows) + x.shape[1:])
+  xs = jax.tree.map(chunk, (items, ages))
+  out = jax.lax.map(lambda c: projected_grads(lambda p: loss_vec_fn(p, *c), params, key, k), xs)
+  return out.reshape(-1, k)[:n]
+
+
 def make_noise_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 0,
                   top_p: float = 1.0, *, num_projections: int = 128, edges=DEFAULT_EDGES,
                   center: str = "mean", jackknife: int = 8, min_count: int = 2,
-                  iters: int = 3) -> Callable:
+                  iters: int = 3, rows: int = 0) -> Callable:
   """Builds the jitted ``noise(params, items, ages, valid, key, num_items) -> NoiseEstimate``.
 
   Per call: the items' policy losses (``per_item_loss_fn``), their gradients projected on
@@ -459,6 +491,8 @@ def make_noise_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int =
     num_projections: k >= 1 (64–256: squared norms to ≈ √(2/k) per item).
     edges, center, jackknife, min_count, iters: as ``estimate_noise`` (``center`` may not
       be ``'reference'`` here).
+    rows: >= 0 items linearised at a time (``projected_item_grads``; 0 = all at once):
+      memory of a forward pass over ``rows`` items instead of n.
 
   Returns:
     The jitted function. params: the policy's nnx.State; items: ``Rollout`` [n rows];
@@ -477,7 +511,7 @@ def make_noise_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int =
 
   @jax.jit
   def noise(params, items, ages, valid, key, num_items):
-    g = projected_grads(lambda p: loss_vec(p, items, ages), params, key, num_projections)
+    g = projected_item_grads(loss_vec, params, items, ages, key, num_projections, rows)
     return estimate_noise(g, ages, valid, num_items=num_items, edges=edges, center=center,
                           iters=iters, jackknife=jackknife, min_count=min_count)
 
