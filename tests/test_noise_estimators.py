@@ -226,8 +226,11 @@ def test_controller_follows_the_closed_form():
   # α = 0.1 → x* ≈ 14.32, y* ≈ 5.58; B = 256, G = 8: R = 45.9 → 48; horizon 14; lag 1
   p = auto.plan(5.28, 0.1, 0.1, spec, batch_size=256, group_size=8, capacity=4096, lag=1)
   assert (p.rollouts_per_step, p.horizon, p.max_staleness) == (48, 14, 14)
-  # a capacity of 512 holds only ⌊512/48⌋ = 10 whole steps
-  assert auto.plan(5.28, 0.1, 0.1, spec, batch_size=256, group_size=8, capacity=512).horizon == 10
+  # a capacity of 512 holds ⌈512/48⌉ = 11 steps (the oldest partly): the cut-off stops there
+  assert auto.plan(5.28, 0.1, 0.1, spec, batch_size=256, group_size=8, capacity=512).horizon == 11
+  # sampling B = 64 without replacement needs 64 eligible items: ⌈64/20⌉ = 4 steps, not 2
+  p = auto.plan(5.28, 0.25, 0.1, spec, batch_size=64, group_size=4, capacity=512, min_items=64)
+  assert (p.rollouts_per_step, p.horizon, p.max_staleness) == (20, 4, 3)
   # bounds: y_max = 2 forces R >= 256/2 = 128
   tight = auto.AutoReplaySpec(y_max=2.0)
   assert auto.plan(5.28, 0.1, 0.1, tight, batch_size=256, group_size=8,
@@ -247,6 +250,7 @@ def test_controller_updates_with_warmup_ema_hysteresis_and_round_trips_exactly()
   assert st.rho == 0.1 and st.alpha == 0.25  # NaN ignored, EMA of equal values
   assert (p.rollouts_per_step, p.max_staleness) == (20, 1)  # |20 − 16|/16 = 0.25 > 0.2
   assert st.rollouts_per_step == 20 and len(st.log) == 1 and st.log[0].step == 100
+  assert st.log[0].reason == "estimate" and st.log[0].x == pytest.approx(2.43228, abs=1e-4)
   # α estimate 0.35 → EMA 0.3: y* = 2.976 → R = 21.5 → 20: within tolerance, R kept
   st, p = auto.update(st, 150, spec, mu=5.28, alpha=0.35, rho=0.1, **kw)
   assert st.alpha == pytest.approx(0.3) and st.rollouts_per_step == 20

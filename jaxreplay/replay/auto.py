@@ -17,8 +17,11 @@ Arnal et al. 2026 §4 (Thm 4.5, App. 9.3.2; ``theory``):
   h whole steps keeps ages 0..h−1, i.e. max_staleness = lag + h − 1 (``lag`` the freshest
   staleness the mode produces: ``train.policy_lag``, 0 in ``sync``), and holds N = h·R
   items. h is the integer next to x* — ⌊x*⌋ or ⌈x*⌉, at least 1 — with the smaller
-  J(h, B/R) (the bound's objective at the R actually used), capped at ⌊C/R⌋ since the FIFO
-  capacity cannot hold more whole steps (the cap is logged as ``capacity``).
+  J(h, B/R) (the bound's objective at the R actually used); then raised to ⌈min_items/R⌉
+  when the sampler needs that many eligible items (``min_items`` = B for sampling without
+  replacement: the theory allows N < B, draws with replacement, the trainer's default
+  sampler does not; logged as ``batch``), and capped at ⌈C/R⌉, beyond which the FIFO
+  capacity binds before the cut-off does (logged as ``capacity``).
 
 (x*, y*) is ``theory.power_law_design_bounded`` with σ̄²(x) = x^{2α}/(2α+1): exactly the
 closed form y* = (−α + √(α² + μρ(1−2α)))/ρ, x* = y*²/(μ − ρy*²) when it lies in the box
@@ -118,7 +121,8 @@ class Change:
   Attributes:
     step: learner step of the decision. rollouts_per_step: R set. max_staleness: cut-off set.
     x, y: the solver's x*, y*. mu, alpha, rho: the running estimates used.
-    reason: 'estimate' (a new optimum) or 'capacity' (the horizon was capped at ⌊C/R⌋).
+    reason: 'estimate' (a new optimum), 'batch' (the horizon was raised to hold
+      ``min_items``) or 'capacity' (the horizon was capped at ⌈C/R⌉).
   """
 
   step: int
@@ -225,7 +229,7 @@ def _rollouts(y: float, spec: AutoReplaySpec, batch_size: int, group_size: int,
 
 
 def plan(mu: float, alpha: float, rho: float, spec: AutoReplaySpec, *, batch_size: int,
-         group_size: int, capacity: int, lag: int = 0,
+         group_size: int, capacity: int, lag: int = 0, min_items: int = 0,
          rollouts_per_step: int | None = None) -> Plan:
   """The design for given estimates (module docstring for the mapping).
 
@@ -235,6 +239,8 @@ def plan(mu: float, alpha: float, rho: float, spec: AutoReplaySpec, *, batch_siz
     spec: ``AutoReplaySpec`` (its x and y bounds).
     batch_size: B >= 1. group_size: G >= 1. capacity: the buffer's fixed C >= G.
     lag: >= 0, the staleness of the freshest items (``train.policy_lag``).
+    min_items: >= 0 items the horizon must keep (B when the sampler draws without
+      replacement, else 0).
     rollouts_per_step: None (choose R from y*), or an R to keep (the horizon is then chosen
       for it).
 
@@ -255,14 +261,14 @@ def plan(mu: float, alpha: float, rho: float, spec: AutoReplaySpec, *, batch_siz
   s2 = theory.power_law_sigma2_bar(a)
   cands = sorted({max(1, math.floor(x)), max(1, math.ceil(x))})
   h = min(cands, key=lambda c: theory.objective(c, y_r, mu, r_, s2))
-  h = max(1, min(h, capacity // r))
+  h = max(1, min(max(h, math.ceil(min_items / r)), math.ceil(capacity / r)))
   return Plan(x=x, y=y, rollouts_per_step=int(r), horizon=int(h),
               max_staleness=int(lag + h - 1), objective=theory.objective(h, y_r, mu, r_, s2))
 
 
 def update(state: AutoReplayState, step: int, spec: AutoReplaySpec, *, mu, alpha, rho,
-           batch_size: int, group_size: int, capacity: int,
-           lag: int = 0) -> tuple[AutoReplayState, Plan | None]:
+           batch_size: int, group_size: int, capacity: int, lag: int = 0,
+           min_items: int = 0) -> tuple[AutoReplayState, Plan | None]:
   """``observe`` then, after ``spec.warmup`` estimates, ``plan`` with hysteresis.
 
   A new R is adopted only when |R_new − R|/R > ``spec.tolerance``; otherwise R is kept and
@@ -271,7 +277,7 @@ def update(state: AutoReplayState, step: int, spec: AutoReplaySpec, *, mu, alpha
 
   Args:
     state, step, spec, mu, alpha, rho: as ``observe``.
-    batch_size, group_size, capacity, lag: as ``plan``.
+    batch_size, group_size, capacity, lag, min_items: as ``plan``.
 
   Returns:
     (new state, the ``Plan`` in force), or (new state, None) during warm-up or while an
@@ -284,15 +290,16 @@ def update(state: AutoReplayState, step: int, spec: AutoReplaySpec, *, mu, alpha
   if (state.num_estimates < spec.warmup or state.mu is None or state.alpha is None
       or state.rho is None):
     return state, None
-  kw = dict(batch_size=batch_size, group_size=group_size, capacity=capacity, lag=lag)
+  kw = dict(batch_size=batch_size, group_size=group_size, capacity=capacity, lag=lag,
+            min_items=min_items)
   p = plan(state.mu, state.alpha, state.rho, spec, **kw)
   r_old = state.rollouts_per_step
   if abs(p.rollouts_per_step - r_old) <= spec.tolerance * r_old:
     p = plan(state.mu, state.alpha, state.rho, spec, rollouts_per_step=r_old, **kw)
   if p.rollouts_per_step == r_old and p.max_staleness == state.max_staleness:
     return state, p
-  want_h = min(max(1, math.floor(p.x)), max(1, math.ceil(p.x)))
-  reason = "capacity" if p.horizon < want_h else "estimate"
+  reason = ("capacity" if p.horizon < max(1, math.floor(p.x)) else
+            "batch" if p.horizon > max(1, math.ceil(p.x)) else "estimate")
   entry = Change(step=int(step), rollouts_per_step=p.rollouts_per_step,
                  max_staleness=p.max_staleness, x=p.x, y=p.y, mu=state.mu,
                  alpha=state.alpha, rho=state.rho, reason=reason)
