@@ -162,3 +162,9 @@ def test_a_field_the_checkpoints_config_lacks_resumes_only_at_the_value_it_behav
   current["eval"]["batch_rows"] = 256
   assert config_changes(saved, current) == ["eval.batch_rows: None -> 256",
                                             "rollout.behaviour_logprobs: None -> 'learner'"]
+  # model.scan_layers / model.remat were optional keys (absent = off) before the model spec
+  saved = {"model": {"d_model": 128}}
+  assert config_changes(saved, {"model": {"d_model": 128, "scan_layers": False,
+                                          "remat": "none"}}) == []
+  assert config_changes(saved, {"model": {"d_model": 128, "scan_layers": True,
+                                          "remat": "none"}}) == ["model.scan_layers: None -> True"]

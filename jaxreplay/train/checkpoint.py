@@ -378,7 +378,9 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 # change like any other.
 BEHAVES_AS_ABSENT = {"rollout.behaviour_logprobs": "sampler", "eval.batch_rows": 1024,
                      "sampler.slots": 0, "sampler.chunk_steps": 16,
-                     "algo.pack_sequences": False}
+                     "algo.pack_sequences": False,
+                     # optional model keys before the model spec stated them (absent = off)
+                     "model.scan_layers": False, "model.remat": "none"}
 
 
 def config_changes(saved: dict, current: dict) -> list[str]:
