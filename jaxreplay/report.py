@@ -40,6 +40,7 @@ import json
 import math
 import os
 import subprocess
+import tempfile
 from typing import Any, Callable, Sequence
 
 import matplotlib
@@ -48,7 +49,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxreplay import theory  # noqa: E402
+from jaxreplay import storage, theory  # noqa: E402
 from jaxreplay.train import accounting  # noqa: E402
 from jaxreplay.train.metrics import read_metrics  # noqa: E402
 
@@ -137,8 +138,7 @@ class RunData:
     self.dir, self.name, self.family, self.seed = run_dir, name, family, seed
     self.records = read_metrics(run_dir)
     try:
-      with open(os.path.join(run_dir, "config.json")) as f:
-        self.config = json.load(f)
+      self.config = json.loads(storage.read_text(os.path.join(run_dir, "config.json")))
     except (OSError, ValueError):
       self.config = {}
     for r in self.records:
@@ -554,7 +554,10 @@ def _git_commit(outputs: Sequence[str] = ()) -> str:
 
 
 def _shown_path(path: str) -> str:
-  """``path`` relative to the working directory when it lies inside it, else absolute."""
+  """``path`` relative to the working directory when it lies inside it, else absolute (a
+  URL as it is)."""
+  if storage.is_remote(path):
+    return path
   rel = os.path.relpath(os.path.abspath(path))
   return path if rel.startswith(os.pardir) else rel
 
@@ -569,8 +572,8 @@ def _wall_seconds(runs: dict[str, list[RunData]]) -> float:
   for rs in runs.values():
     for r in rs:
       try:
-        with open(os.path.join(r.dir, "summary.json")) as f:
-          total += float(json.load(f).get("wall_seconds", 0.0))
+        summary = json.loads(storage.read_text(os.path.join(r.dir, "summary.json")))
+        total += float(summary.get("wall_seconds", 0.0))
       except (OSError, ValueError):
         pass
   return total
@@ -581,13 +584,27 @@ def write_report(sweep: dict, workdir: str, command: str) -> list[str]:
 
   Output: ``sweep['report']['results_md']`` (default ``WORKDIR/results.md``), figures in
   the folder of the same name without ``.md``; relative paths are relative to the working
-  directory. Settings read from ``sweep['report']``: ``reference`` (default the first
+  directory; on cloud storage (``gs://...``) the files are written locally, then uploaded
+  one object each. Settings read from ``sweep['report']``: ``reference`` (default the first
   configuration), ``paper_mu`` (5.3), ``theory`` (list of dicts ``rho``, ``alpha``),
   ``claims`` (list of claim specs, see ``evaluate_claim``), ``title``, ``target_last`` (K,
   default 1: a run's final accuracy is the mean of its last K evaluations).
   """
   rep = sweep.get("report", {}) or {}
-  md_path = os.path.abspath(rep.get("results_md") or os.path.join(workdir, "results.md"))
+  target = rep.get("results_md") or os.path.join(workdir, "results.md")
+  if storage.is_remote(target):  # written locally, then each file uploaded whole
+    with tempfile.TemporaryDirectory() as tmp:
+      local = _write_report(sweep, workdir, command, os.path.join(tmp, os.path.basename(target)))
+      urls = [target.rsplit("/", 1)[0] + "/" + os.path.relpath(p, tmp) for p in local]
+      for p, url in zip(local, urls):
+        storage.upload(p, url)
+      return urls
+  return _write_report(sweep, workdir, command, os.path.abspath(target))
+
+
+def _write_report(sweep: dict, workdir: str, command: str, md_path: str) -> list[str]:
+  """``write_report`` into the local file ``md_path`` (figures beside it)."""
+  rep = sweep.get("report", {}) or {}
   fig_dir = os.path.splitext(md_path)[0]
   os.makedirs(fig_dir, exist_ok=True)
   configs = sweep["configurations"]

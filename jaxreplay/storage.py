@@ -77,6 +77,27 @@ def read_text(path: str | os.PathLike) -> str:
   return epath.Path(path).read_text()
 
 
+def upload(local: str, url: str) -> None:
+  """Copies the local file ``local`` to ``url`` (one object write; parents created).
+
+  Args:
+    local: an existing local file. url: a URL or a local path.
+  """
+  dest = epath.Path(url)
+  dest.parent.mkdir(parents=True, exist_ok=True)
+  with open(local, "rb") as f:
+    dest.write_bytes(f.read())
+
+
+def local_side(path: str) -> str:
+  """A local path for files that must stay local (logs appended to, caches) next to
+  ``path``: ``path`` itself when local, else ``cache_root()/mirror/<scheme>/<rest>``."""
+  if not is_remote(path):
+    return path
+  scheme, _, rest = str(path).partition("://")
+  return os.path.join(cache_root(), "mirror", scheme, rest)
+
+
 def cache_root() -> str:
   """Where ``local_copy`` keeps its copies: ``$JAXREPLAY_CACHE`` or ``~/.cache/jaxreplay``."""
   return os.environ.get("JAXREPLAY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",

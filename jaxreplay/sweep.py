@@ -310,17 +310,18 @@ def run_grid(sweep: dict, workdir: str, only: str | None = None, dry_run: bool =
       print_fn(f"{head}: skipped (finished)")
       continue
     resumed = has_metrics(run.workdir)
-    print_fn(f"{head}: {'resuming' if resumed else 'running'} ({steps} steps, log "
-             f"{os.path.join(run.workdir, 'sweep.log')})")
+    # The log is appended to and the compilation cache written file by file: both stay on
+    # the local disk when the sweep directory is on cloud storage (storage.local_side).
+    log_path = os.path.join(storage.local_side(run.workdir), "sweep.log")
+    print_fn(f"{head}: {'resuming' if resumed else 'running'} ({steps} steps, log {log_path})")
     t0 = time.time()
-    rc = execute(cmd, os.path.join(run.workdir, "sweep.log"), os.path.join(workdir, "jax_cache"))
+    rc = execute(cmd, log_path, os.path.join(storage.local_side(workdir), "jax_cache"))
     dt = time.time() - t0
     if rc == 0 and finished(run, steps):
       print_fn(f"{head}: done in {dt:.0f} s{_summary_line(run)}")
     else:
       failed.append(run)
-      print_fn(f"{head}: FAILED (exit {rc}) after {dt:.0f} s; see "
-               f"{os.path.join(run.workdir, 'sweep.log')}")
+      print_fn(f"{head}: FAILED (exit {rc}) after {dt:.0f} s; see {log_path}")
   return failed
 
 

@@ -111,3 +111,89 @@ def test_the_base_policy_tokenizer_is_trained_once_into_the_bucket(bucket):
   assert "gs://b/cache/key/tokenizer.json" in bucket.store
   again = load_or_train_tokenizer("gs://b/cache/key/tokenizer.json", ["unrelated"], 300)
   assert again.to_str() == tok.to_str()  # read back, not retrained on other texts
+
+
+# --- a whole run, its resume and the report in a bucket ---------------------------------------
+
+@pytest.fixture
+def disk_bucket(monkeypatch, tmp_path):
+  """``gs://`` on the local disk, as an object store behaves: every epath call goes to
+  ``tmp_path/bucket`` through fsspec (no append, no rename), and Orbax's TensorStore writes
+  its arrays to the same place with its file driver instead of the GCS one."""
+  from fsspec.implementations.dirfs import DirFileSystem
+  from fsspec.implementations.local import LocalFileSystem
+  from orbax.checkpoint._src.serialization import tensorstore_utils
+
+  root = tmp_path / "bucket"
+  root.mkdir()
+
+  class Bucket(DirFileSystem):
+    @classmethod
+    def _strip_protocol(cls, path):
+      path = str(path)
+      return path.split("://", 1)[1] if "://" in path else path
+
+    def open(self, path, mode="rb", **kw):
+      if "a" in mode or "+" in mode:
+        raise NotImplementedError(f"object store: mode {mode!r} (append) is not supported")
+      return super().open(path, mode, **kw)
+
+    def mv(self, *a, **k):
+      raise NotImplementedError("object store: no rename")
+
+    rename = move = mv
+
+  fs = Bucket(path=str(root), fs=LocalFileSystem())
+  monkeypatch.setattr(backend_lib.fsspec_backend, "fs", lambda path: fs)
+  monkeypatch.setattr(tensorstore_utils.gcs_utils, "get_kvstore_for_gcs",
+                      lambda path: {"driver": "file",
+                                    "path": str(root / path.split("://", 1)[1])})
+  # the bucket's metadata Orbax asks Google's client for (a flat namespace, as most buckets)
+  monkeypatch.setattr(tensorstore_utils.gcs_utils, "is_hierarchical_namespace_enabled",
+                      lambda *a, **k: False)
+  monkeypatch.setenv("JAXREPLAY_CACHE", str(tmp_path / "local_cache"))
+  return root
+
+
+def test_a_run_its_resume_and_the_report_with_every_path_in_a_bucket(disk_bucket):
+  from conftest import run
+  from jaxreplay import report
+  for name in ("gsm8k_train.jsonl", "gsm8k_test.jsonl"):
+    with open(os.path.join(SAMPLES, name), "rb") as f:
+      (disk_bucket / "b" / "data").mkdir(parents=True, exist_ok=True)
+      (disk_bucket / "b" / "data" / name).write_bytes(f.read())
+  c = config_lib.load_config(os.path.join(ROOT, "configs", "small.py"))
+  config_lib.apply_overrides(c, [
+      "workdir=gs://b/sweep/tiny/seed0", "warmstart.cache_dir=gs://b/base_policies",
+      "log.progress=False", "log.tensorboard=False", "warmstart.steps=10", "train.steps=2",
+      "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=1",
+      "model.head_dim=16", "model.d_ff=64", "rollout.per_step=8", "rollout.group_size=4",
+      "train.batch_size=8", "buffer.capacity=16", "algo.warmup_steps=1", "eval.every=1",
+      "eval.num_examples=4", "eval.samples_per_example=1", "checkpoint.every=1",
+      "drift.every=0", "mesh.data=1"])
+  c.task.kwargs = {}
+  c.task.update(source="jsonl", name="", format="gsm8k",
+                train_path="gs://b/data/gsm8k_train.jsonl",
+                heldout_path="gs://b/data/gsm8k_test.jsonl",
+                prompt_template="{question}", prompt_width=24)
+  logs = []
+  first = run(c, log=logs.append)
+  assert first["steps"] == 2 and first["checkpoints"] == "gs://b/sweep/tiny/seed0/checkpoints"
+  c.train.steps = 3
+  second = run(c, log=logs.append)
+  assert any("resumed from" in line and "gs://b/sweep/tiny/seed0/checkpoints" in line
+             for line in logs)
+  assert second["steps"] == 3
+  assert second["generated_rollouts"] == first["generated_rollouts"] + 8  # one more round
+  run_dir = disk_bucket / "b" / "sweep" / "tiny" / "seed0"
+  for name in ("config.json", "summary.json", "metrics"):
+    assert (run_dir / name).exists(), name
+  assert (disk_bucket / "b" / "base_policies").is_dir()
+  assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
+  sweep = {"base_config": "configs/small.py", "seeds": [0], "workdir": "gs://b/sweep",
+           "configurations": [{"name": "tiny", "family": "tiny", "overrides": {}}],
+           "report": {"results_md": "gs://b/sweep/results.md"}}
+  paths = report.write_report(sweep, "gs://b/sweep", "python -m jaxreplay.sweep --report-only")
+  assert paths[0] == "gs://b/sweep/results.md"
+  md = (disk_bucket / "b" / "sweep" / "results.md").read_text()
+  assert "runs: 1 present of 1" in md and "sweep directory: `gs://b/sweep`" in md
