@@ -142,8 +142,8 @@ def test_config_validation_names_the_model_field():
   with pytest.raises(ConfigError,
                      match=r"config\.model\.remat='everything' is invalid: must be one"):
     validate(cfg, device_count=1)
-  cfg.model.remat = "full"
-  cfg.model.scan_layers = "yes"
+  tree = cfg.to_dict()  # a ConfigDict refuses a str for its bool field by itself
+  tree["model"].update(remat="full", scan_layers="yes")
   with pytest.raises(ConfigError,
                      match=r"config\.model\.scan_layers='yes' is invalid: must be a bool"):
-    validate(cfg, device_count=1)
+    validate(tree, device_count=1)

@@ -170,7 +170,7 @@ def test_state_ring_and_reference_share_the_parameter_layout(runs, cache, tmp_pa
 
 @pytest.mark.parametrize("field,value,match", [
     ("coordinator_address", "localhost", "host:port"),
-    ("num_processes", 0, "int >= 1"),
+    ("num_processes", 0, "must be >= 1"),
     ("process_id", 2, "must be < distributed.num_processes=2"),
     ("local_device_ids", "0,a", "comma-separated"),
 ])

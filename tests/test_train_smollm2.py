@@ -26,7 +26,7 @@ def test_two_learner_steps_of_the_preset(tmp_path):
       "rollout.group_size=2", "buffer.capacity=8", "sampler.max_new_tokens=24", "sampler.slots=4",
       "algo.warmup_steps=1", "algo.grad_accum_steps=2", "eval.num_examples=4",
       "eval.samples_per_example=1", "eval.batch_rows=4", "eval.every=0", "checkpoint.every=0",
-      "mesh.data=1"])
+      "mesh.data=1", "model.scan_layers=True"])  # one compiled block for all 30 layers
   s = run(c, log=lambda *_: None)
   assert s["steps"] == 2 and s["generated_rollouts"] == 8 and s["trained_tokens"] > 0
   assert s["base_policy"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
