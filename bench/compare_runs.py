@@ -1,6 +1,6 @@
 """Are two runs' metrics identical? ``python bench/compare_runs.py RUN_A RUN_B [--ignore KEY ...]``
 
-Reads both runs' ``metrics.jsonl`` (the last record per step, ``train.metrics.read_metrics``)
+Reads both runs' metric records (the last record per step, ``train.metrics.read_metrics``)
 and compares every key of every step exactly, except wall-clock timers and the keys given
 with ``--ignore``. Prints the number of records and keys compared and each difference;
 exits 1 if any. Used to show that a refactor leaves a run's trajectory bit-identical, e.g.
