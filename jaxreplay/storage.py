@@ -77,6 +77,24 @@ def read_text(path: str | os.PathLike) -> str:
   return epath.Path(path).read_text()
 
 
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+  """Writes ``text`` to ``path`` so that a crash leaves the old file or the new one, whole.
+
+  Local files: writes ``path.tmp-PID``, fsyncs it, then ``os.replace``s it over ``path``.
+  Object stores (``gs://`` and other ``epath`` URLs) replace an object in one request,
+  which is already all or nothing, so the text is written directly.
+  """
+  if is_remote(path):
+    epath.Path(path).write_text(text)
+    return
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, str(path))
+
+
 def upload(local: str, url: str) -> None:
   """Copies the local file ``local`` to ``url`` (one object write; parents created).
 

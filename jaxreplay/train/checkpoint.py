@@ -19,6 +19,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from jaxreplay import storage
 from jaxreplay.parallel import multihost
 
 
@@ -58,16 +59,7 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
   Object stores (``gs://`` and other ``epath`` URLs) replace an object in one request,
   which is already all or nothing, so the text is written directly.
   """
-  p = epath.Path(path)
-  if "://" in str(p):
-    p.write_text(text)
-    return
-  tmp = f"{p}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, str(p))
+  storage.write_atomic(path, text)
 
 
 def make_manager(directory: str | os.PathLike, max_to_keep: int) -> ocp.CheckpointManager:

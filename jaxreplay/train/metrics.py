@@ -22,6 +22,8 @@ from typing import Any
 
 from etils import epath
 
+from jaxreplay import storage
+
 METRICS_DIR = "metrics"
 LEGACY_FILE = "metrics.jsonl"
 _CHUNK = re.compile(r"^(\d+)\.jsonl$")
@@ -35,23 +37,6 @@ def _clean(v: Any):
   if math.isnan(f) or math.isinf(f):
     return str(f)
   return int(f) if isinstance(v, (int,)) and not isinstance(v, bool) else f
-
-
-def _is_url(path: epath.Path) -> bool:
-  return "://" in str(path)
-
-
-def _write_whole(path: epath.Path, text: str) -> None:
-  """``text`` into ``path`` so that a reader sees the old file or the new one, whole."""
-  if _is_url(path):  # one object upload: already all or nothing
-    path.write_text(text)
-    return
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, str(path))
 
 
 def chunk_files(run_dir: str | os.PathLike) -> list[epath.Path]:
@@ -216,7 +201,7 @@ class MetricWriter:
       return
     rec = {"step": int(step), **{k: _clean(v) for k, v in metrics.items()}}
     self._lines.append(json.dumps(rec) + "\n")
-    _write_whole(self.path, "".join(self._lines))
+    storage.write_atomic(str(self.path), "".join(self._lines))
     if len(self._lines) >= self.chunk_records:
       self._lines, self._chunk = [], self._chunk + 1
     if self._tb is not None:
