@@ -84,7 +84,7 @@ def make_batch(rows: int, prompt_width: int, max_new: int, vocab: int, seed: int
       behaviour_logprobs=jnp.asarray(np.where(completion, -np.log(vocab), 0.0), jnp.float32),
       rewards=jnp.asarray(rng.random(rows), jnp.float32),
       advantages=jnp.asarray(rng.standard_normal(rows), jnp.float32),
-      group_id=jnp.arange(rows, dtype=jnp.int32), policy_version=jnp.zeros(rows, jnp.int32),
+      group_id=jnp.arange(rows, dtype=jnp.int32), policy_version=jnp.zeros(rows, jnp.int32), newest_version=jnp.zeros(rows, jnp.int32),
       truncated=jnp.asarray(comp >= max_new))
   return batch, comp
 

@@ -105,7 +105,7 @@ def main():
                                      jnp.float32),
       rewards=jnp.asarray(rng.rand(b), jnp.float32),
       advantages=jnp.asarray(rng.randn(b), jnp.float32),
-      group_id=jnp.arange(b, dtype=jnp.int32), policy_version=jnp.zeros((b,), jnp.int32),
+      group_id=jnp.arange(b, dtype=jnp.int32), policy_version=jnp.zeros((b,), jnp.int32), newest_version=jnp.zeros((b,), jnp.int32),
       truncated=jnp.zeros((b,), bool))
   weights = jnp.ones((b,), jnp.float32)
 

@@ -136,7 +136,11 @@ def get_config():
   c.checkpoint = config_dict.ConfigDict(dict(every=50, max_to_keep=2, keep_best=True))
   # Device mesh (data, fsdp, tensor); -1 = the remaining devices. Batches and the buffer's
   # capacity axis split over data×fsdp / data; parameters by parallel.sharding.PARAM_RULES.
-  c.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  # generator_devices W > 0 (with train.mode='async'): each process's last W devices generate
+  # on their own mesh (tensor-parallel over generator_tensor) with an inference copy of the
+  # weights, and data/fsdp/tensor describe the learner mesh over the rest.
+  c.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, tensor=1, generator_devices=0,
+                                       generator_tensor=1))
   c.log = config_dict.ConfigDict(dict(progress=True, tensorboard=True))
   # Multi-process jobs (TPU pods, GPU nodes under SLURM, local processes): with
   # initialize=True the entry point calls jax.distributed.initialize with these fields;

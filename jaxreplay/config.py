@@ -245,10 +245,11 @@ def _check_multiprocess(c: RunConfig, process_count: int, device_count: int) -> 
   (``async`` interleaves a generator thread with the learner by timing)."""
   if process_count <= 1:
     return
-  if c.train.mode == "async":
-    _fail("train.mode", "async", f"is one-process only ({process_count} processes here): "
-          "its generator thread interleaves with the learner by timing, which differs between "
-          "processes; use 'sync' or 'simulated_async'")
+  if c.train.mode == "async" and not c.mesh.generator_devices:
+    _fail("train.mode", "async", f"on one mesh is one-process only ({process_count} processes "
+          "here): its generator thread interleaves with the learner by timing, which differs "
+          "between processes; set mesh.generator_devices (the actor–learner split, which "
+          "agrees on every decision over the meshes), or use 'sync' or 'simulated_async'")
   sizes = c.mesh.sizes
   if -1 not in sizes and sizes[0] * sizes[1] * sizes[2] != device_count:
     _fail("mesh", dict(zip(("data", "fsdp", "tensor"), sizes)),
@@ -299,6 +300,31 @@ def _check_eligible_supply(c: RunConfig) -> None:
           f"train.batch_size={b}: raise it or lower the batch size")
 
 
+def _check_split(c: RunConfig, device_count: int, process_count: int) -> None:
+  """The actor–learner split (``mesh.generator_devices`` W > 0): the async strategy, at least
+  one learner device per process, a generator tensor size that divides the W·processes
+  generator devices, and behaviour log-probs and rewards that need no learner-side pass
+  during generation (the generator holds only its inference copy)."""
+  w, local = c.mesh.generator_devices, device_count // max(process_count, 1)
+  if c.train.mode != "async":
+    _fail("mesh.generator_devices", w, f"needs train.mode='async' (the generator and the "
+          f"learner run at once), not {c.train.mode!r}; or set it to 0")
+  if w >= local:
+    _fail("mesh.generator_devices", w, f"must be below the {local} devices of each process "
+          "(the learner needs at least one)")
+  if (w * process_count) % c.mesh.generator_tensor:
+    _fail("mesh.generator_tensor", c.mesh.generator_tensor,
+          f"must divide the {w * process_count} generator devices (mesh.generator_devices="
+          f"{w} per process × {process_count} processes)")
+  if c.rollout.behaviour_logprobs != "sampler":
+    _fail("rollout.behaviour_logprobs", c.rollout.behaviour_logprobs,
+          "must be 'sampler' with mesh.generator_devices > 0 (the generator has no learner "
+          "forward to rescore with)")
+  if c.algo.kl_mode == "reward" and c.algo.kl_coef > 0 and c.algo.advantage != "gae":
+    _fail("algo.kl_mode", "reward", "needs the frozen reference during generation, which the "
+          "generator mesh does not hold: use algo.kl_mode='loss' with mesh.generator_devices")
+
+
 def check_combinations(c: RunConfig, device_count: int, process_count: int) -> None:
   """The rules that read several sections.
 
@@ -345,6 +371,9 @@ def check_combinations(c: RunConfig, device_count: int, process_count: int) -> N
             f"must be >= (samples_per_insert*rollout.per_step + train.batch_size)/2 = {need}: "
             "a smaller tolerance can block both generation and training (deadlock)")
   _check_eligible_supply(c)
+  if c.mesh.generator_devices:
+    _check_split(c, device_count, process_count)
+    device_count = c.mesh.learner_device_count(device_count, process_count)
   data, fsdp, _ = mesh_shape(c.mesh, device_count)
   _check_multiprocess(c, process_count, device_count)
   shards = data * fsdp

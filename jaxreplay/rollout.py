@@ -27,8 +27,12 @@ class Rollout:
     rewards: [N] float32 verifiable reward.
     advantages: [N] float32, computed within each group at generation time.
     group_id: [N] int32, prompt identity (unique across the run).
-    policy_version: [N] int32, learner step whose weights generated the rollout.
+    policy_version: [N] int32, learner step whose weights generated the rollout — the
+      oldest, when the weights changed while it was sampled (staleness, the age cut-off and
+      the staleness-aware samplers use this one).
     truncated: [N] bool, hit ``max_new_tokens`` without a stop token.
+    newest_version: [N] int32, the newest version that sampled one of its tokens
+      (= ``policy_version`` unless an in-flight weight update fell inside it).
   """
 
   tokens: jax.Array
@@ -40,6 +44,7 @@ class Rollout:
   group_id: jax.Array
   policy_version: jax.Array
   truncated: jax.Array
+  newest_version: jax.Array
 
   @property
   def num(self) -> int:
@@ -59,6 +64,7 @@ def empty_rollout(n: int, length: int) -> Rollout:
       group_id=jnp.zeros((n,), jnp.int32),
       policy_version=jnp.zeros((n,), jnp.int32),
       truncated=jnp.zeros((n,), bool),
+      newest_version=jnp.zeros((n,), jnp.int32),
   )
 
 

@@ -83,7 +83,7 @@ def test_learner_rescoring_gives_the_train_step_ratio_one_in_bfloat16(policy):
       behaviour_logprobs=jnp.concatenate([jnp.zeros((B, P)), gen.logprobs], 1),
       rewards=jnp.arange(B, dtype=jnp.float32) % 2,
       advantages=jnp.where(jnp.arange(B) % 2 == 1, 1.0, -1.0),
-      group_id=jnp.zeros((B,), jnp.int32), policy_version=jnp.zeros((B,), jnp.int32),
+      group_id=jnp.zeros((B,), jnp.int32), policy_version=jnp.zeros((B,), jnp.int32), newest_version=jnp.zeros((B,), jnp.int32),
       truncated=gen.truncated)
   algo = dict(grad_accum_steps=2, logprob_chunk=3, warmup_steps=0, lr_schedule="constant")
   rows = micro_batch_rows(B, algo)

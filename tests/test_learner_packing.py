@@ -46,7 +46,7 @@ def setup():
                   rewards=jnp.asarray(np.arange(B) % 2, jnp.float32),
                   advantages=jnp.linspace(-1.0, 1.0, B),
                   group_id=jnp.arange(B, dtype=jnp.int32) // 2,
-                  policy_version=jnp.zeros(B, jnp.int32),
+                  policy_version=jnp.zeros(B, jnp.int32), newest_version=jnp.zeros(B, jnp.int32),
                   truncated=jnp.asarray(COMP_LENS == M))
   return graphdef, params, batch
 
@@ -240,7 +240,7 @@ def test_packed_rows_split_over_the_batch_devices():
                   attention_mask=jnp.asarray(attn), completion_mask=jnp.asarray(attn),
                   behaviour_logprobs=jnp.zeros((b, t)), rewards=jnp.zeros(b),
                   advantages=jnp.ones(b), group_id=jnp.arange(b, dtype=jnp.int32),
-                  policy_version=jnp.zeros(b, jnp.int32), truncated=jnp.zeros(b, bool))
+                  policy_version=jnp.zeros(b, jnp.int32), newest_version=jnp.zeros(b, jnp.int32), truncated=jnp.zeros(b, bool))
   step = train_step.make_train_step(graphdef, opt, algo, 1.0)
   temp = {}
   for n, place in ((1, True), (8, True), (8, False)):

@@ -168,7 +168,7 @@ def test_gae_objective_2x4_loss_and_gradients():
   batch = Rollout(tokens=jnp.zeros((2, 4), jnp.int32), attention_mask=jnp.asarray(MASK),
                   completion_mask=jnp.asarray(MASK), behaviour_logprobs=jnp.asarray(LOGP),
                   rewards=jnp.array([1.0, -1.0]), advantages=jnp.zeros(2),
-                  group_id=jnp.zeros(2, jnp.int32), policy_version=jnp.zeros(2, jnp.int32),
+                  group_id=jnp.zeros(2, jnp.int32), policy_version=jnp.zeros(2, jnp.int32), newest_version=jnp.zeros(2, jnp.int32),
                   truncated=jnp.zeros(2, bool))
   spec = AlgoSpec.from_config(dict(advantage="gae", gae_gamma=0.9, gae_lambda=0.5,
                                    gae_whiten=False, vf_coef=0.5, value_clip=0.2))
@@ -216,7 +216,7 @@ def test_gae_with_kl_reward_penalty_by_hand():
   batch = Rollout(tokens=jnp.zeros((2, 4), jnp.int32), attention_mask=jnp.asarray(MASK),
                   completion_mask=jnp.asarray(MASK), behaviour_logprobs=jnp.asarray(LOGP),
                   rewards=jnp.array([1.0, -1.0]), advantages=jnp.zeros(2),
-                  group_id=jnp.zeros(2, jnp.int32), policy_version=jnp.zeros(2, jnp.int32),
+                  group_id=jnp.zeros(2, jnp.int32), policy_version=jnp.zeros(2, jnp.int32), newest_version=jnp.zeros(2, jnp.int32),
                   truncated=jnp.zeros(2, bool))
   spec = AlgoSpec.from_config(dict(advantage="gae", gae_gamma=1.0, gae_lambda=1.0,
                                    gae_whiten=False, kl_coef=0.5, kl_estimator="k1",

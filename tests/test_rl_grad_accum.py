@@ -39,7 +39,7 @@ def setup():
                   behaviour_logprobs=mu,
                   rewards=jnp.array([1.0, 0.0, 1.0, 0.0, 1.0, 0.0]),
                   advantages=jnp.array([1.0, -1.0, 0.5, -0.5, 0.7, -0.2]),
-                  group_id=jnp.zeros(B, jnp.int32), policy_version=jnp.zeros(B, jnp.int32),
+                  group_id=jnp.zeros(B, jnp.int32), policy_version=jnp.zeros(B, jnp.int32), newest_version=jnp.zeros(B, jnp.int32),
                   truncated=jnp.zeros(B, bool))
   weights = jnp.array([1.0, 0.5, 2.0, 1.0, 0.8, 1.2])
   stale = jnp.array([0, 1, 2, 0, 3, 1], jnp.int32)

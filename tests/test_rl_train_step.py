@@ -45,7 +45,7 @@ def model_and_batch():
                   behaviour_logprobs=jnp.where(comp, logp, 0.0),
                   rewards=jnp.array([1.0, 0.0, 1.0, 0.0]),
                   advantages=jnp.array([1.0, -1.0, 0.5, -0.5]),
-                  group_id=jnp.zeros(B, jnp.int32), policy_version=jnp.array([0, 0, -1, -3]),
+                  group_id=jnp.zeros(B, jnp.int32), policy_version=jnp.array([0, 0, -1, -3]), newest_version=jnp.array([0, 0, -1, -3]),
                   truncated=jnp.zeros(B, bool))
   return model, graphdef, params, batch
 

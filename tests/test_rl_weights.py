@@ -28,7 +28,7 @@ def make_batch(mu, mask, adv, rewards=None, truncated=None, version=None) -> Rol
                  completion_mask=jnp.asarray(mask, bool), behaviour_logprobs=mu,
                  rewards=jnp.zeros(b) if rewards is None else jnp.asarray(rewards, jnp.float32),
                  advantages=jnp.asarray(adv, jnp.float32), group_id=jnp.zeros(b, jnp.int32),
-                 policy_version=jnp.zeros(b, jnp.int32) if version is None else jnp.asarray(version),
+                 policy_version=jnp.zeros(b, jnp.int32) if version is None else jnp.asarray(version), newest_version=jnp.zeros(b, jnp.int32) if version is None else jnp.asarray(version),
                  truncated=jnp.zeros(b, bool) if truncated is None else jnp.asarray(truncated))
 
 

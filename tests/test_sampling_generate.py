@@ -296,7 +296,7 @@ def test_train_step_ratio_is_one_under_truncation(policy, full_softmax_step, top
                   completion_mask=jnp.concatenate([jnp.zeros_like(mask), g.mask], 1),
                   behaviour_logprobs=jnp.concatenate([jnp.zeros(mask.shape), g.logprobs], 1),
                   rewards=jnp.zeros((n,)), advantages=jnp.linspace(-1.0, 1.0, n),
-                  group_id=jnp.zeros((n,), jnp.int32), policy_version=jnp.zeros((n,), jnp.int32),
+                  group_id=jnp.zeros((n,), jnp.int32), policy_version=jnp.zeros((n,), jnp.int32), newest_version=jnp.zeros((n,), jnp.int32),
                   truncated=g.truncated)
   step = make_train_step(graphdef, opt, spec, TEMP, top_k, top_p)
   state = init_train_state(graphdef, jax.tree.map(jnp.copy, params), opt, spec)

@@ -29,7 +29,7 @@ def _rollout():
               completion_mask=jnp.concatenate([jnp.zeros_like(pmask), g.mask], 1),
               behaviour_logprobs=jnp.concatenate([jnp.zeros(pmask.shape), g.logprobs], 1),
               rewards=jnp.array([1.0, 0.0]), advantages=jnp.zeros(n),
-              group_id=jnp.zeros(n, jnp.int32), policy_version=jnp.zeros(n, jnp.int32),
+              group_id=jnp.zeros(n, jnp.int32), policy_version=jnp.zeros(n, jnp.int32), newest_version=jnp.zeros(n, jnp.int32),
               truncated=g.truncated)
   return graphdef, params, r
 

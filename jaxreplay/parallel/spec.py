@@ -15,12 +15,18 @@ class MeshSpec(Spec):
   """The ``mesh`` section: sizes of the (data, fsdp, tensor) device mesh.
 
   Batches and the buffer's capacity axis split over data×fsdp / data; parameters by
-  ``parallel.sharding.PARAM_RULES``.
+  ``parallel.sharding.PARAM_RULES``. With ``generator_devices`` W > 0 (the actor–learner
+  split, ``train.mode='async'``), each process's last W devices form the generator mesh
+  and data/fsdp/tensor describe the learner mesh over the rest (``parallel.submesh``).
 
   Attributes:
     data: >= 1 devices on the data axis, or -1 for the remaining devices.
     fsdp: >= 1 devices on the fsdp axis (parameters sharded, gathered per layer), or -1.
     tensor: >= 1 devices on the tensor axis (heads and hidden units split), or -1.
+    generator_devices: W >= 0 devices per process that only generate, on their own mesh
+      with their own copy of the weights (0: generation runs on the learner's mesh).
+    generator_tensor: >= 1 tensor-parallel size of the generator mesh (1: every generator
+      device holds a whole inference replica; it must divide the job's generator devices).
   """
 
   SECTION: ClassVar[str] = "mesh"
@@ -28,6 +34,12 @@ class MeshSpec(Spec):
   data: int = field(-1, allowed="(>= 1, or -1: the remaining devices)")
   fsdp: int = field(1, allowed="(>= 1, or -1: the remaining devices)")
   tensor: int = field(1, allowed="(>= 1, or -1: the remaining devices)")
+  generator_devices: int = field(0, ge=0)
+  generator_tensor: int = field(1, ge=1)
+
+  def learner_device_count(self, device_count: int, process_count: int) -> int:
+    """Devices of the learner mesh: all of them, less W per process with the split."""
+    return device_count - self.generator_devices * process_count
 
   def check(self):
     """Raises ``ConfigError`` for a size below 1 other than -1, or more than one -1."""

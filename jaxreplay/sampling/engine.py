@@ -66,6 +66,9 @@ class SlotState:
     tokens: [R + 1, M] int32 completions by request (row R absorbs writes of free slots).
     logprobs, full_logprobs: [R + 1, M] float32 behaviour log-probs (truncated and
       untruncated distribution, ``distribution.sample_token``).
+    versions: [R + 1, M] int32 policy version of the parameters that sampled each token.
+    seq: [S, C] int32 the slot's tokens (prompt at 0 .. len-1, then the completion so far):
+      what a weight swap re-prefills (``_refresh``).
   """
 
   k: jax.Array
@@ -78,6 +81,8 @@ class SlotState:
   tokens: jax.Array
   logprobs: jax.Array
   full_logprobs: jax.Array
+  versions: jax.Array
+  seq: jax.Array
 
 
 @dataclasses.dataclass
@@ -93,6 +98,7 @@ class EngineStats:
       (prefill rows × bucketed prompt width).
     chunks: decode chunks run. inserts: insert calls. programs: distinct
       (slots, width) decode shapes used.
+    swaps: in-flight weight swaps (new parameters taken between decode chunks).
   """
 
   row_steps: int = 0
@@ -104,6 +110,7 @@ class EngineStats:
   chunks: int = 0
   inserts: int = 0
   programs: int = 0
+  swaps: int = 0
 
 
 def _pow2_at_least(n: int, lo: int) -> int:
@@ -140,7 +147,8 @@ def _slot_sharding(mesh: Mesh, state: SlotState) -> SlotState:
   return SlotState(k=kv, v=kv, length=batch(state.length), last_logits=batch(state.last_logits),
                    request=batch(state.request), step=batch(state.step), done=batch(state.done),
                    tokens=rep(state.tokens), logprobs=rep(state.logprobs),
-                   full_logprobs=rep(state.full_logprobs))
+                   full_logprobs=rep(state.full_logprobs), versions=rep(state.versions),
+                   seq=batch(state.seq))
 
 
 def _constrain(state: SlotState, mesh: Mesh | None) -> SlotState:
@@ -261,7 +269,8 @@ def init_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: in
                    request=jnp.full((slots,), requests, jnp.int32),
                    step=jnp.zeros((slots,), jnp.int32), done=jnp.ones((slots,), bool),
                    tokens=jnp.full(out, pad_id, jnp.int32), logprobs=jnp.zeros(out, jnp.float32),
-                   full_logprobs=jnp.zeros(out, jnp.float32))
+                   full_logprobs=jnp.zeros(out, jnp.float32), versions=jnp.zeros(out, jnp.int32),
+                   seq=jnp.full((slots, capacity), pad_id, jnp.int32))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "mesh"), donate_argnames=("state",))
@@ -293,7 +302,9 @@ def _insert(graphdef, params, state: SlotState, prompts, prompt_len, fill, sourc
       last_logits=put(state.last_logits,
                       per_slot(logits, 0, None if sharding is None else sharding.last_logits)),
       request=put(state.request, request), step=jnp.where(fill, 0, state.step),
-      done=state.done & ~fill)
+      done=state.done & ~fill,
+      seq=state.seq.at[:, :w].set(put(state.seq[:, :w], per_slot(
+          prompts, 0, None if sharding is None else sharding.seq))))
   return _constrain(state, mesh)
 
 
@@ -312,9 +323,10 @@ def _force_lengths(logits, step, target, eos_ids):
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "width", "steps", "temperature", "top_k", "top_p", "eos_ids", "mesh"),
     donate_argnames=("state",))
-def _decode_chunk(graphdef, params, state: SlotState, key, forced, *, width, steps, temperature,
-                  top_k, top_p, eos_ids, mesh):
-  """Up to ``steps`` decode steps of every slot at attention width ``width``.
+def _decode_chunk(graphdef, params, state: SlotState, key, forced, version, *, width, steps,
+                  temperature, top_k, top_p, eos_ids, mesh):
+  """Up to ``steps`` decode steps of every slot at attention width ``width``; ``version``
+  (int32 scalar) is recorded as the policy version of every token sampled.
 
   Returns (state, steps run [] int32, kv positions needed [] int32)."""
   model = nnx.merge(graphdef, params)
@@ -344,6 +356,9 @@ def _decode_chunk(graphdef, params, state: SlotState, key, forced, *, width, ste
         tokens=st.tokens.at[at].set(tok, mode="drop"),
         logprobs=st.logprobs.at[at].set(lp, mode="drop"),
         full_logprobs=st.full_logprobs.at[at].set(flp, mode="drop"),
+        versions=st.versions.at[at].set(version, mode="drop"),
+        seq=st.seq.at[jnp.arange(st.seq.shape[0]), jnp.where(active, st.length, st.seq.shape[1])
+                      ].set(tok, mode="drop"),
         length=st.length + active, step=st.step + active)
     needed = needed + jnp.where(active, st.length, 0).sum(dtype=jnp.int32)
     return i + 1, _constrain(st, mesh), needed
@@ -359,7 +374,30 @@ def _select_slots(state: SlotState, keep, *, mesh):
   return _constrain(state.replace(
       k=take(state.k, 1), v=take(state.v, 1), length=take(state.length, 0),
       last_logits=take(state.last_logits, 0), request=take(state.request, 0),
-      step=take(state.step, 0), done=take(state.done, 0)), mesh)
+      step=take(state.step, 0), done=take(state.done, 0), seq=take(state.seq, 0)), mesh)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "width", "mesh"),
+                   donate_argnames=("state",))
+def _refresh(graphdef, params, state: SlotState, *, width, mesh):
+  """Every decoding slot's keys, values and next-token logits recomputed with ``params``.
+
+  An in-flight weight swap (PipelineRL's in-flight update) re-prefills each slot's tokens
+  so far (``state.seq``, the first ``width`` >= max length positions) with the new
+  parameters: every token sampled afterwards comes from the new policy given the whole
+  context, so its recorded behaviour log-prob is the one the learner recomputes for the
+  version it records (the cache would otherwise mix the two versions' keys and values).
+  """
+  model = nnx.merge(graphdef, params)
+  k, v, logits = prefill(model, state.seq[:, :width], jnp.maximum(state.length, 1))
+  live = ~state.done
+  keep = lambda new, old, axis: jnp.where(live.reshape((-1,) + (1,) * (old.ndim - axis - 1)),
+                                          new.astype(old.dtype), old)
+  state = state.replace(
+      k=state.k.at[:, :, :, :width].set(keep(k, state.k[:, :, :, :width], 1)),
+      v=state.v.at[:, :, :, :width].set(keep(v, state.v[:, :, :, :width], 1)),
+      last_logits=keep(logits, state.last_logits, 0))
+  return _constrain(state, mesh)
 
 
 def _left_align(tokens: np.ndarray, mask: np.ndarray, pad_id: int, width: int):
@@ -377,7 +415,7 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
         max_new_tokens: int, temperature: float, eos_ids: Sequence[int], pad_id: int,
         top_k: int = 0, top_p: float = 1.0, group_size: int = 1, slots: int = 0,
         chunk_steps: int = 16, mesh: Mesh | None = None, forced_lengths=None,
-        prefill_prompts: int = PREFILL_PROMPTS):
+        prefill_prompts: int = PREFILL_PROMPTS, version: int = 0, weights=None):
   """Decodes G completions of each prompt with S refilled slots (the host loop).
 
   Args:
@@ -397,10 +435,18 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
       prompts' activations and keys/values; a first fill of many slots takes several).
     forced_lengths: optional [N·G] int lengths in [1, M] at which each request is made to
       emit ``eos_ids[0]`` (and no stop id before): a benchmark's control of completion lengths.
+    version: int, the policy version of ``params`` (recorded per token).
+    weights: optional ``() -> (params, version) | None``, asked before every decode chunk:
+      a pair with another version is swapped in (an in-flight weight update, PipelineRL
+      style): the decoding slots are re-prefilled with it (``_refresh``) and the tokens
+      sampled from then on record its version. With several processes it must return the
+      same answer on every process (``actor_learner`` agrees on it over the mesh); it
+      may raise to abandon the call.
 
   Returns:
     (tokens [N·G, M] int32, logprobs [N·G, M] float32, full_logprobs [N·G, M] float32,
-     length [N·G] int32 (stop token included), ``EngineStats``), host NumPy arrays.
+     length [N·G] int32 (stop token included), versions [N·G, M] int32 (each token's
+     policy version; 0 past the stop), ``EngineStats``), host NumPy arrays.
 
   Raises:
     ValueError: a prompt row without real tokens; ``forced_lengths`` without ``eos_ids``.
@@ -476,9 +522,15 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
       stats.prefill_tokens += len(prompt_ids) * w
     active = ~host_done
     width = width_bucket(int(host_len[active].max()) + steps, capacity)
+    swap = None if weights is None else weights()
+    if swap is not None and int(swap[1]) != version:
+      params, version = swap[0], int(swap[1])
+      state = _refresh(graphdef, params, state, width=width_bucket(int(host_len[active].max()),
+                                                                   capacity), mesh=mesh)
+      stats.swaps += 1
     shapes.add((s, width))
     state, ran, needed = _decode_chunk(
-        graphdef, params, state, key, forced, width=width, steps=steps,
+        graphdef, params, state, key, forced, place(np.int32(version)), width=width, steps=steps,
         temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), eos_ids=eos_ids,
         mesh=mesh)
     h = multihost.to_host({"done": state.done, "length": state.length, "ran": ran,
@@ -497,14 +549,15 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
       host_done, host_len, host_req = host_done[keep], host_len[keep], host_req[keep]
       s = new_s
   out = multihost.to_host({"tokens": state.tokens[:n_req], "logprobs": state.logprobs[:n_req],
-                           "full": state.full_logprobs[:n_req]})
+                           "full": state.full_logprobs[:n_req],
+                           "versions": state.versions[:n_req]})
   tokens = out["tokens"]
   is_stop = np.isin(tokens, np.asarray(eos_ids, np.int32))
   has_stop = is_stop.any(-1)
   length = np.where(has_stop, is_stop.argmax(-1) + 1, m).astype(np.int32)
   stats.useful_row_steps = int(length.sum())
   stats.programs = len(shapes)
-  return tokens, out["logprobs"], out["full"], length, stats
+  return tokens, out["logprobs"], out["full"], length, out["versions"], stats
 
 
 def _new_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int, pad_id: int,
@@ -547,7 +600,8 @@ def lower_programs(graphdef: nnx.GraphDef, params, *, slots: int, prompt_width: 
   insert = _insert.lower(graphdef, params, state, rows((n, prompt_width), jnp.int32),
                          rows((n,), jnp.int32), arg((slots,), jnp.bool_),
                          arg((slots,), jnp.int32), arg((slots,), jnp.int32), mesh=mesh).compile()
-  decode = _decode_chunk.lower(graphdef, params, state, key, None, width=capacity,
+  decode = _decode_chunk.lower(graphdef, params, state, key, None, arg((), jnp.int32),
+                               width=capacity,
                                steps=max(1, min(chunk_steps, max_new_tokens)),
                                temperature=float(temperature), top_k=int(top_k),
                                top_p=float(top_p), eos_ids=(0,), mesh=mesh).compile()

@@ -58,6 +58,8 @@ class Generation:
     length: [B] int32 completion length (the stop token counts).
     full_logprobs: [B, M] float32 log-probs under the untruncated tempered softmax;
       0 where ``mask`` is False.
+    versions: [B, M] int32 policy version that sampled each token (``engine.run``'s
+      ``weights`` may change it between decode chunks); 0 where ``mask`` is False.
   """
 
   tokens: jax.Array
@@ -66,6 +68,7 @@ class Generation:
   truncated: jax.Array
   length: jax.Array
   full_logprobs: jax.Array | None = None
+  versions: jax.Array | None = None
 
 
 def postprocess_stops(raw: jax.Array, eos_ids: Sequence[int], pad_id: int):
@@ -95,7 +98,8 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
              *, max_new_tokens: int, temperature: float, eos_ids: Sequence[int], pad_id: int,
              top_k: int = 0, top_p: float = 1.0, mesh: Mesh | None = None,
              rules: Sequence[tuple[str, P]] = PARAM_RULES, group_size: int = 1, slots: int = 0,
-             chunk_steps: int = 16, forced_lengths=None, return_stats: bool = False):
+             chunk_steps: int = 16, forced_lengths=None, return_stats: bool = False,
+             version: int = 0, weights=None):
   """Samples G completions for each prompt of a batch with the decode engine.
 
   Each prompt is prefilled once and its KV cache shared by its G samples; ``slots`` rows
@@ -126,6 +130,8 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
     forced_lengths: optional [N·G] int lengths at which each completion is made to stop
       (a benchmark's length control; see ``engine.run``).
     return_stats: also return the engine's ``EngineStats``.
+    version: policy version of ``params``. weights: optional in-flight weight source
+      (``engine.run``): ``() -> (params, version) | None`` before every decode chunk.
 
   Returns:
     ``Generation`` with [N·G, M] arrays (see its docstring and the module docstring for
@@ -150,16 +156,18 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
     raise ValueError(f"sampler.chunk_steps={chunk_steps} must be >= 1")
   if mesh is not None:
     params = shard_params(params, mesh, rules)
-  tokens, logprobs, full, _, stats = engine.run(
+  tokens, logprobs, full, _, versions, stats = engine.run(
       graphdef, params, multihost.to_host(prompt_tokens), multihost.to_host(prompt_mask), key,
       max_new_tokens=max_new_tokens, temperature=float(temperature),
       eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id), top_k=int(top_k),
       top_p=float(top_p), group_size=int(group_size), slots=int(slots),
-      chunk_steps=int(chunk_steps), mesh=mesh, forced_lengths=forced_lengths)
+      chunk_steps=int(chunk_steps), mesh=mesh, forced_lengths=forced_lengths,
+      version=int(version), weights=weights)
   tokens, mask, length, truncated = postprocess_stops(tokens, eos_ids, pad_id)
   gen = Generation(tokens=tokens, logprobs=jnp.where(mask, logprobs, 0.0), mask=mask,
                    truncated=truncated, length=length,
-                   full_logprobs=jnp.where(mask, full, 0.0))
+                   full_logprobs=jnp.where(mask, full, 0.0),
+                   versions=jnp.where(mask, versions, 0))
   if mesh is not None:  # rows split over the batch axes, as the rollouts built from them
     gen = jax.tree.map(lambda x: multihost.to_global(
         np.asarray(x), batch_sharding(mesh, x.ndim, x.shape[0])), gen)

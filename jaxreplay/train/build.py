@@ -30,6 +30,7 @@ from jaxreplay.models.spec import ModelSpec
 from jaxreplay.models.tokenizer import load_or_train_tokenizer
 from jaxreplay.parallel import multihost
 from jaxreplay.parallel import sharding as sharding_lib
+from jaxreplay.parallel import submesh
 from jaxreplay.replay import rate_limiter as rate_lib
 from jaxreplay.replay.config import SamplerConfig
 from jaxreplay.rl.scoring import micro_batch_rows
@@ -71,7 +72,11 @@ class Run:
     t_start: wall-clock start of this process's part of the run (seconds since epoch).
     task: the verifiable task. io: ``TextIO``. graphdef: the policy's NNX graph.
     base_info: where the starting policy came from (``path``, ...).
-    mesh: the device mesh. cost: the model's FLOP parameters.
+    mesh: the device mesh (the learner's, with the actor–learner split).
+    generator_mesh: the generator's mesh of the actor–learner split
+      (``mesh.generator_devices`` > 0), or None. weight_sync: with the split, ``params ->
+      generator params`` (``parallel.submesh.make_weight_sync``), else None.
+    cost: the model's FLOP parameters.
     lag: policy versions between the learner and the generating policy in the lagged
       strategy (0 for ``sync``, ``train.lag`` for ``simulated_async``).
     source: the ``generation.RolloutSource`` of every generation round.
@@ -100,6 +105,8 @@ class Run:
   graphdef: nnx.GraphDef
   base_info: dict
   mesh: jax.sharding.Mesh
+  generator_mesh: jax.sharding.Mesh | None
+  weight_sync: Callable | None
   cost: accounting.ModelCost
   lag: int
   source: RolloutSource
@@ -216,8 +223,15 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
   if not isinstance(c, RunConfig):
     raise TypeError(f"build takes a RunConfig (jaxreplay.config.validate(cfg)), not "
                     f"{type(c).__name__}")
-  mesh_shape = c.mesh.shape(jax.device_count())
-  mesh = sharding_lib.make_mesh(*mesh_shape, devices=jax.devices()[:int(np.prod(mesh_shape))])
+  generator_mesh = None
+  if c.mesh.generator_devices:  # the actor–learner split: two sub-meshes of this job
+    mesh_shape = c.mesh.shape(c.mesh.learner_device_count(jax.device_count(),
+                                                          jax.process_count()))
+    mesh, generator_mesh = submesh.make_meshes(mesh_shape, c.mesh.generator_devices,
+                                               c.mesh.generator_tensor)
+  else:
+    mesh_shape = c.mesh.shape(jax.device_count())
+    mesh = sharding_lib.make_mesh(*mesh_shape, devices=jax.devices()[:int(np.prod(mesh_shape))])
   t_start = time.time()
   try:  # bad task data fails here, before any file or checkpoint manager is created
     task = make_task(c.task)
@@ -289,12 +303,21 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
                          graphdef=graphdef, stream=PromptStream(task.train, seed=c.seed),
                          prompt_width=c.task.prompt_width,
                          reward_timeout_s=c.task.reward_timeout_s or None,
-                         score_rows=score_rows, cost=cost, mesh=mesh)
+                         score_rows=score_rows, cost=cost,
+                         mesh=mesh if generator_mesh is None else generator_mesh,
+                         rollout_mesh=None if generator_mesh is None else mesh)
+  weight_sync = None
+  if generator_mesh is not None:
+    # The generator's inference copy: its own layout on its mesh (replicated over data,
+    # split over tensor) and the model's activation dtype.
+    generator_sh = sharding_lib.param_shardings(jax.eval_shape(lambda: params), generator_mesh)
+    weight_sync = submesh.make_weight_sync(state_sh.params, generator_sh, c.model.dtype)
   run = Run(train=c.train, rollout=c.rollout, buffer=c.buffer, eval=c.eval, drift=c.drift,
             checkpoint=c.checkpoint, max_consecutive_skips=algo.max_consecutive_skips,
             progress=c.log.progress, config_json=c.tree_json, log=log, workdir=workdir,
             t_start=t_start, task=task, io=io, graphdef=graphdef, base_info=base_info,
-            mesh=mesh, cost=cost, lag=c.train.policy_lag, source=source,
+            mesh=mesh, generator_mesh=generator_mesh, weight_sync=weight_sync,
+            cost=cost, lag=c.train.policy_lag, source=source,
             evaluate=evaluate_fn, fns=fns,
             limiter=rate_lib.RateLimiter(**c.rate_limiter.settings(b, c.rollout.per_step)),
             replicated=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxreplay.parallel import multihost
 from jaxreplay.train import checkpoint as ckpt_lib
@@ -84,8 +85,10 @@ def checkpoint_tree(run, carry: Carry) -> dict:
           "rng": multihost.to_global(jax.random.key_data(carry.key), run.replicated)}
   if carry.ring:
     tree["snapshots"] = list(carry.ring)
-  if run.is_async:
-    tree["limiter"] = carry.limiter_state
+  if run.is_async:  # host counters, saved as replicated arrays (every process holds them)
+    tree["limiter"] = jax.tree.map(
+        lambda x: multihost.to_global(np.asarray(multihost.to_host(x)), run.replicated),
+        carry.limiter_state)
   return tree
 
 

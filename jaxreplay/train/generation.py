@@ -42,11 +42,14 @@ class Generation(NamedTuple):
       ``rollout.behaviour_logprobs='learner'`` also ``behaviour_kl_sampler`` and
       ``behaviour_max_abs_log_ratio`` (``learner_behaviour_logprobs``).
     position: the data position after the prompts this call consumed.
+    token_versions: [R, M] int32 host array, the policy version that sampled each
+      completion token (0 past the stop), or None.
   """
 
   ledger: Ledger
   metrics: dict
   position: int
+  token_versions: Any = None
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "beta", "estimator",
@@ -162,6 +165,8 @@ class RolloutSource:
     score_rows: rows per pass of the scoring passes (the learner's micro-batch rows).
     cost: the model's FLOP parameters, or None (no FLOP counts).
     mesh: optional mesh; the prompt batch splits over its ``data × fsdp`` axes.
+    rollout_mesh: the mesh the returned rollouts are placed on, when it is not ``mesh``
+      (the learner mesh of the actor–learner split; the generator runs on ``mesh``).
   """
 
   rollout: RolloutSpec
@@ -176,10 +181,11 @@ class RolloutSource:
   score_rows: int
   cost: accounting.ModelCost | None = None
   mesh: Any = None
+  rollout_mesh: Any = None
 
 
 def generate_rollouts(src: RolloutSource, params, position: int, key, version: int,
-                      ref_params=None) -> tuple[Rollout, Generation]:
+                      ref_params=None, weights=None) -> tuple[Rollout, Generation]:
   """Generates, scores and groups R = P·G rollouts with the behaviour policy (host + jit).
 
   Reads P = R/G prompts from ``src.stream`` at ``position`` (skipping, and counting, prompts
@@ -192,8 +198,11 @@ def generate_rollouts(src: RolloutSource, params, position: int, key, version: i
   Args:
     src: the fixed ``RolloutSource``. params: the behaviour policy's parameters.
     position: int, data position of the first prompt. key: PRNG key of the sampler.
-    version: int, the policy version stamped on every rollout.
+    version: int, the policy version of ``params``.
     ref_params: the frozen reference, used only for the KL reward penalty.
+    weights: optional in-flight weight source (``sampling.engine.run``): newer parameters
+      may replace ``params`` between decode chunks; each rollout records the oldest and
+      newest version that sampled its tokens (``policy_version``, ``newest_version``).
 
   Returns:
     (``Rollout`` with R rows of width ``prompt_width + sampler.max_new_tokens``,
@@ -210,13 +219,17 @@ def generate_rollouts(src: RolloutSource, params, position: int, key, version: i
                  max_new_tokens=samp.max_new_tokens, temperature=samp.temperature,
                  top_k=samp.top_k, top_p=samp.top_p, eos_ids=io.eos_ids,
                  pad_id=io.pad_id, mesh=mesh, group_size=g, slots=samp.slots,
-                 chunk_steps=samp.chunk_steps)
+                 chunk_steps=samp.chunk_steps, version=version, weights=weights)
   # Rollout rows: prompt r // G's tokens beside completion r (the engine's request order).
   toks, mask = np.repeat(prompt_toks, g, 0), np.repeat(prompt_mask, g, 0)
   # Every process reads the whole generation (gathered across processes), so each decodes,
   # scores and groups the same R rollouts; placement below gives each device its rows.
   out = multihost.to_host({"tokens": gen.tokens, "mask": gen.mask, "logprobs": gen.logprobs,
-                           "length": gen.length, "truncated": gen.truncated})
+                           "length": gen.length, "truncated": gen.truncated,
+                           "versions": gen.versions})
+  big = np.iinfo(np.int32).max  # every row has at least one token (its length >= 1)
+  oldest = np.where(out["mask"], out["versions"], big).min(1).astype(np.int32)
+  newest = np.where(out["mask"], out["versions"], -1).max(1).astype(np.int32)
   rep = [e for e in examples for _ in range(g)]
   rewards, failures = score(task, io.decode(out["tokens"], out["mask"]), rep,
                             src.reward_timeout_s)
@@ -229,13 +242,14 @@ def generate_rollouts(src: RolloutSource, params, position: int, key, version: i
       behaviour_logprobs=np.concatenate([np.zeros(mask.shape, np.float32), out["logprobs"]], 1),
       rewards=np.asarray(rewards, np.float32), advantages=np.zeros((n,), np.float32),
       group_id=np.repeat(np.arange(first_group, first_group + p), g).astype(np.int32),
-      policy_version=np.full((n,), version, np.int32), truncated=np.asarray(out["truncated"]))
-  rollout = _place(host, mesh)
+      policy_version=oldest, truncated=np.asarray(out["truncated"]), newest_version=newest)
+  out_mesh = mesh if src.rollout_mesh is None else src.rollout_mesh
+  rollout = _place(host, out_mesh)
   chunk, rows = algo.logprob_chunk, src.score_rows
   # the scoring passes run on packed rows when the learner does (their cost follows the
   # real tokens); the plan is host numpy from the host attention mask
   plan = (sharding_lib.place_rows(plan_rows(host.attention_mask, rows,
-                                            sharding_lib.batch_shards(mesh)), mesh)
+                                            sharding_lib.batch_shards(out_mesh)), out_mesh)
           if algo.pack_sequences else None)
   numerics = {}
   if src.rollout.behaviour_logprobs == "learner":
@@ -252,7 +266,7 @@ def generate_rollouts(src: RolloutSource, params, position: int, key, version: i
         top_p=samp.top_p, chunk=chunk, rows=rows, plan=plan))
   r_pg = rewards.reshape(p, g)
   adv = np.asarray(compute_advantages(jnp.asarray(shaped.reshape(p, g)), algo.advantage))
-  rollout = rollout.replace(advantages=_place(adv.reshape(-1).astype(np.float32), mesh))
+  rollout = rollout.replace(advantages=_place(adv.reshape(-1).astype(np.float32), out_mesh))
   lengths = np.asarray(out["length"])
   truncated = np.asarray(out["truncated"])
   spread = r_pg.max(1) > r_pg.min(1)
@@ -268,7 +282,9 @@ def generate_rollouts(src: RolloutSource, params, position: int, key, version: i
   metrics = {"reward": float(rewards.mean()), "frac_mixed_groups": float(spread.mean()),
              "completion_len": float(lengths.mean()), "truncated_frac": float(truncated.mean()),
              **numerics}
-  return rollout, Generation(ledger, metrics, position)
+  if weights is not None:
+    metrics["version_span"] = float((newest - oldest).mean())
+  return rollout, Generation(ledger, metrics, position, out["versions"])
 
 
 def mean_metrics(ms: list[dict]) -> dict:

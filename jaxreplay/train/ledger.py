@@ -46,6 +46,8 @@ class Ledger(_Flat):
     first_use_tokens: of items drawn for the first time ("trained on at least once").
     evicted_unused_rollouts, evicted_unused_tokens: overwritten before any use.
     truncated_tokens: of completions that hit ``sampler.max_new_tokens`` without EOS.
+    lost_in_flight_rollouts: generated (or being generated) by the actor–learner split's
+      generator but never inserted, because the run stopped first.
     generation_flops, training_flops: floats, estimated FLOPs (``accounting``).
   """
 
@@ -60,6 +62,7 @@ class Ledger(_Flat):
   evicted_unused_rollouts: int = 0
   evicted_unused_tokens: int = 0
   truncated_tokens: int = 0
+  lost_in_flight_rollouts: int = 0
   generation_flops: float = 0.0
   training_flops: float = 0.0
 
@@ -77,7 +80,8 @@ class Timers(_Flat):
 
   ``learner_wait_s`` (learner blocked waiting for a batch) and ``generator_wait_s``
   (generator blocked by the rate limiter) exist only in ``async`` mode: None elsewhere,
-  and then left out of ``as_dict``.
+  and then left out of ``as_dict``; ``both_busy_s`` (generator and learner working at
+  the same moment) only with the actor–learner split (``mesh.generator_devices`` > 0).
   """
 
   generate_s: float = 0.0
@@ -85,3 +89,4 @@ class Timers(_Flat):
   eval_s: float = 0.0
   learner_wait_s: float | None = None
   generator_wait_s: float | None = None
+  both_busy_s: float | None = None

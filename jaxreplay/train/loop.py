@@ -2,7 +2,8 @@
 
 ``train.mode`` picks the strategy: ``sync`` and ``simulated_async`` are the lagged
 strategy (``lagged``) with lag 0 and ``train.lag``; ``async`` is the actor–learner
-strategy (``actor_learner``). On-policy training is N = R = B in any mode. Read
+strategy: a generator thread on the learner's devices (``actor_learner``), or, with
+``mesh.generator_devices`` > 0, generator and learner on two sub-meshes (``split``). On-policy training is N = R = B in any mode. Read
 ``run`` top to bottom: it is the whole job.
 """
 
@@ -20,6 +21,7 @@ from jaxreplay.train.actor_learner import train_async
 from jaxreplay.train.build import Run, build
 from jaxreplay.train.carry import Carry, resume
 from jaxreplay.train.lagged import train_lagged
+from jaxreplay.train.split import train_split
 
 
 def run(config: RunConfig, log=print) -> dict:
@@ -43,7 +45,8 @@ def run(config: RunConfig, log=print) -> dict:
   if carry.step >= job.train.steps:
     log(f"the run in {job.workdir} is complete at step {carry.step}; raise "
         "--config.train.steps to continue it")
-  strategy = train_async if job.is_async else train_lagged
+  strategy = (train_split if job.generator_mesh is not None
+              else train_async if job.is_async else train_lagged)
   carry = strategy(job, carry)
   return finish(job, carry)
 

@@ -1,0 +1,203 @@
+"""Generator and learner sub-meshes of one job, and the weight reshard between them.
+
+The actor–learner split of Arnal et al. (2026, §3: W inference workers and T trainers per
+node) on JAX's own runtime: each process gives its last W local devices to the generator
+mesh and the rest (T) to the learner mesh, so both meshes span every process and each is
+an ordinary SPMD mesh. The learner trains on its FSDP/tensor layout; the generator holds
+its own inference copy of the parameters, replicated over its ``data`` axis and optionally
+split over ``tensor`` (``mesh.generator_tensor``), in the model's activation dtype — so its
+compiled decode loop gathers no parameter (``param_collectives`` counts them).
+
+Every program runs on one of the two meshes, issued by one thread each (the generator
+thread, the learner's main loop). Decisions both meshes' processes must take together
+(which weights, how many rollouts to insert, when to stop) are agreed with a tiny
+collective on the deciding thread's own mesh (``agree_min``), never on all devices.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxreplay.parallel import sharding as sharding_lib
+
+
+def split_devices(devices: Sequence[jax.Device], generator_per_process: int
+                  ) -> tuple[list[jax.Device], list[jax.Device]]:
+  """Each process's devices split into learner and generator devices.
+
+  Args:
+    devices: every device of the job (``jax.devices()``). generator_per_process: W >= 1,
+      the devices of each process that generate (its W highest ids).
+
+  Returns:
+    (learner devices, generator devices), each ordered by process, then id.
+
+  Raises:
+    ValueError: a process with W or fewer devices (nothing left to learn on).
+  """
+  by_process: dict[int, list] = {}
+  for d in devices:
+    by_process.setdefault(d.process_index, []).append(d)
+  learner, generator = [], []
+  for p in sorted(by_process):
+    local = sorted(by_process[p], key=lambda d: d.id)
+    if len(local) <= generator_per_process:
+      raise ValueError(f"mesh.generator_devices={generator_per_process} must be below the "
+                       f"{len(local)} devices of process {p}: the learner needs at least one")
+    cut = len(local) - generator_per_process
+    learner += local[:cut]
+    generator += local[cut:]
+  return learner, generator
+
+
+def make_meshes(sizes: tuple[int, int, int], generator_per_process: int, generator_tensor: int,
+                devices: Sequence[jax.Device] | None = None) -> tuple[Mesh, Mesh]:
+  """The learner mesh (``sizes`` = (data, fsdp, tensor) over the learner devices) and the
+  generator mesh ((W_total / tensor, 1, tensor) over the generator devices).
+
+  Args:
+    sizes: resolved learner mesh sizes (``MeshSpec.shape`` of the learner device count).
+    generator_per_process: W per process. generator_tensor: tensor-parallel size of the
+      generator mesh (divides the generator devices of the job).
+    devices: the job's devices (default ``jax.devices()``).
+
+  Returns:
+    (learner_mesh, generator_mesh), both with axes ("data", "fsdp", "tensor").
+
+  Raises:
+    ValueError: a device split or a size that does not fit (see ``split_devices``).
+  """
+  learner, generator = split_devices(jax.devices() if devices is None else devices,
+                                     generator_per_process)
+  if len(generator) % generator_tensor:
+    raise ValueError(f"mesh.generator_tensor={generator_tensor} must divide the "
+                     f"{len(generator)} generator devices")
+  n = int(np.prod(sizes))
+  learner_mesh = sharding_lib.make_mesh(*sizes, devices=learner[:n])
+  gen_mesh = sharding_lib.make_mesh(len(generator) // generator_tensor, 1, generator_tensor,
+                                    devices=generator)
+  return learner_mesh, gen_mesh
+
+
+def _cast(x, dtype):
+  return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
+def make_weight_sync(learner_shardings: Any, generator_shardings: Any, dtype) -> Any:
+  """Builds ``sync(params) -> generator params``: the learner's parameters, cast to
+  ``dtype``, in the generator's layout on the generator mesh.
+
+  Two steps, both on JAX's runtime: a jit on the learner mesh casts (before moving, so
+  half the bytes move in bfloat16) and gathers every parameter to a replica on each
+  learner device (an all-gather per parameter over the learner mesh); then each process
+  copies, device to device, the blocks its own generator devices hold
+  (``addressable_devices_indices_map``) from a local replica and assembles the global
+  array (``jax.make_array_from_single_device_arrays``). No process reads another's
+  memory, which is why this works across processes where ``jax.device_put`` between two
+  device sets does not (multi-controller JAX refuses a cross-host reshard onto another
+  device set). Peak memory: one whole replica per learner device during the call.
+
+  Args:
+    learner_shardings: pytree of ``NamedSharding`` of the parameters on the learner mesh.
+    generator_shardings: the same pytree's shardings on the generator mesh
+      (``sharding.param_shardings(abstract, generator_mesh)``).
+    dtype: the inference copy's floating dtype (integers keep theirs).
+
+  Returns:
+    The function; its result has ``generator_shardings`` and floating leaves in ``dtype``.
+  """
+  replicated = jax.tree.map(lambda s: NamedSharding(s.mesh, P()), learner_shardings)
+  gather = jax.jit(functools.partial(jax.tree.map, lambda x: _cast(x, dtype)),
+                   out_shardings=replicated)
+
+  def copy_local(x: jax.Array, target: NamedSharding) -> jax.Array:
+    local = x.addressable_shards[0].data
+    index = target.addressable_devices_indices_map(x.shape)
+    blocks = [jax.device_put(local[index[d]], d) for d in target.addressable_devices]
+    return jax.make_array_from_single_device_arrays(x.shape, target, blocks)
+
+  def sync(params):
+    return jax.tree.map(copy_local, gather(params), generator_shardings)
+
+  return sync
+
+
+@functools.lru_cache(maxsize=None)
+def _min_program(mesh: Mesh):
+  flat = Mesh(mesh.devices.reshape(-1), ("all",))
+  return flat, jax.jit(lambda a: a.min(0), out_shardings=NamedSharding(flat, P()))
+
+
+def agree_min(values: Sequence[int], mesh: Mesh) -> tuple[int, ...]:
+  """The element-wise minimum over processes of ``values``, agreed with a collective on
+  ``mesh``'s devices only (so a thread that owns ``mesh`` may call it while another thread
+  runs programs on a disjoint mesh). Every process of ``mesh`` must call it, in the same
+  order relative to its other programs on ``mesh``.
+
+  Args:
+    values: ints (int32 range), the same count on every process. mesh: the deciding mesh.
+
+  Returns:
+    Tuple of ints, the same on every process (``values`` itself with one process).
+  """
+  vals = np.asarray(values, np.int32).reshape(1, -1)
+  if jax.process_count() == 1:
+    return tuple(int(v) for v in vals[0])
+  flat, program = _min_program(mesh)
+  n = flat.devices.size
+  arr = jax.make_array_from_callback((n, vals.shape[1]), NamedSharding(flat, P("all")),
+                                     lambda idx: vals)
+  out = program(arr)
+  return tuple(int(v) for v in np.asarray(out.addressable_shards[0].data))
+
+
+_COLLECTIVE = re.compile(r"=\s*(\w+)\[([\d,]*)\][^=]*?\b(all-gather|all-reduce|reduce-scatter|"
+                         r"collective-permute|all-to-all)(?:-start|-done)?\(")
+
+
+def collectives(hlo_text: str) -> list[tuple[str, tuple[int, ...]]]:
+  """The collectives of a compiled program: (op, result dims) for every all-gather,
+  all-reduce, reduce-scatter, collective-permute and all-to-all (``-start`` forms
+  included; a tuple-shaped result is skipped).
+
+  Args:
+    hlo_text: ``compiled.as_text()`` (optimized HLO).
+
+  Returns:
+    List of (op name, dims tuple).
+  """
+  out = []
+  for line in hlo_text.splitlines():
+    m = _COLLECTIVE.search(line)
+    if m:
+      dims = tuple(int(d) for d in m.group(2).split(",") if d)
+      out.append((m.group(3), dims))
+  return out
+
+
+def param_collectives(hlo_text: str, params: Any) -> int:
+  """Collectives of a compiled program whose result has the shape of a parameter or of one
+  layer of a stacked (scan-layout) parameter: the gathers that bring sharded weights
+  together, which a generator holding its own inference layout must not run.
+
+  Args:
+    hlo_text: ``compiled.as_text()``. params: the parameter pytree (arrays or
+      ``ShapeDtypeStruct``s) the program was compiled with.
+
+  Returns:
+    int, the count.
+  """
+  shapes = set()
+  for x in jax.tree.leaves(params):
+    shape = tuple(x.shape)
+    shapes.add(shape)
+    if len(shape) > 1:
+      shapes.add(shape[1:])
+  return sum(dims in shapes for _, dims in collectives(hlo_text))
