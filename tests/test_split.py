@@ -1,0 +1,225 @@
+"""The actor–learner split (issue 25): in-flight weight swaps, the generator's own
+parameter layout, and a whole run on two sub-meshes of 8 fake CPU devices.
+
+* Engine: weights swapped between decode chunks re-prefill the decoding slots, so every
+  token's recorded behaviour log-prob equals the learner's full-forward log-prob under the
+  version the token records (float32), and tokens before the swap are those of the old
+  policy alone.
+* Layout: the compiled decode chunk gathers FSDP-sharded parameters when it runs on the
+  learner's layout, and none on the generator's inference copy.
+* Run (W/T = 4/4): every inserted token's behaviour log-prob equals the learner's
+  recomputation under the parameters of the version it records; no batch holds an item
+  older than ``buffer.max_staleness``; a checkpoint restores the learner side exactly; lost
+  in-flight rollouts are counted; the idle/overlap fractions are fractions.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import restore, run
+from jaxreplay.models import Transformer, TransformerConfig
+from jaxreplay.parallel import sharding as sharding_lib
+from jaxreplay.parallel import submesh
+from jaxreplay.rl.scoring import token_logprobs
+from jaxreplay.sampling import engine, generate
+from jaxreplay.train import checkpoint as ckpt_lib
+from jaxreplay.train import generation, split
+from jaxreplay.train.metrics import read_metrics
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
+
+CFG = TransformerConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                        head_dim=8, d_ff=64, tie_embeddings=False)
+N, G, P, M, TEMP = 8, 2, 8, 24, 1.0
+
+
+def _logp(graphdef, params, prompt_toks, prompt_mask, gen):
+  full = jnp.concatenate([prompt_toks, gen.tokens], 1)
+  attn = jnp.concatenate([prompt_mask, gen.mask], 1)
+  logp, _ = jax.jit(token_logprobs, static_argnums=(0, 4))(graphdef, params, full, attn, TEMP)
+  return np.asarray(logp)[:, P:]
+
+
+def test_inflight_swap_records_the_version_of_every_token():
+  graphdef, old = nnx.split(Transformer(CFG, nnx.Rngs(0)), nnx.Param)
+  _, new = nnx.split(Transformer(CFG, nnx.Rngs(1)), nnx.Param)
+  rng = np.random.default_rng(0)
+  toks = rng.integers(8, CFG.vocab_size, (N, P)).astype(np.int32)
+  mask = np.ones((N, P), bool)
+  calls = []
+
+  def weights():  # the third decode chunk and later run on version 5
+    calls.append(1)
+    return (new, 5) if len(calls) >= 3 else None
+
+  args = dict(max_new_tokens=M, temperature=TEMP, eos_ids=(), pad_id=0, group_size=G,
+              chunk_steps=4, return_stats=True)
+  key = jax.random.key(3)
+  gen, stats = generate(graphdef, old, toks, mask, key, version=2, weights=weights, **args)
+  plain = generate(graphdef, old, toks, mask, key, **args)[0]
+  gen, plain = jax.tree.map(np.asarray, gen), jax.tree.map(np.asarray, plain)
+  assert stats.swaps == 1
+  # all rows decode together in chunks of 4 steps: tokens 0-7 by version 2, 8-23 by 5
+  np.testing.assert_array_equal(gen.versions[:, :8], 2)
+  np.testing.assert_array_equal(gen.versions[:, 8:], 5)
+  np.testing.assert_array_equal(gen.tokens[:, :8], plain.tokens[:, :8])
+  assert (gen.tokens[:, 8:] != plain.tokens[:, 8:]).any()
+  rep = lambda x: np.repeat(x, G, 0)  # noqa: E731
+  lp_old = _logp(graphdef, old, rep(toks), rep(mask), gen)
+  lp_new = _logp(graphdef, new, rep(toks), rep(mask), gen)
+  expected = np.where(gen.versions == 2, lp_old, lp_new)
+  np.testing.assert_allclose(gen.logprobs, expected, atol=2e-4)
+  # the tokens after the swap are not the old policy's: its log-probs differ there
+  assert np.abs(gen.logprobs[:, 8:] - lp_old[:, 8:]).max() > 0.1
+
+
+def test_generator_layout_has_no_parameter_collectives_in_decode():
+  cfg = TransformerConfig(vocab_size=96, d_model=48, n_layers=2, n_heads=4, n_kv_heads=2,
+                          head_dim=12, d_ff=80)
+  graphdef, params = nnx.split(Transformer(cfg, nnx.Rngs(0)), nnx.Param)
+  learner_mesh, gen_mesh = submesh.make_meshes((1, 4, 1), 4, 1)
+  learner_sh = sharding_lib.param_shardings(params, learner_mesh)
+  gen_sh = sharding_lib.param_shardings(params, gen_mesh)
+  learner_params = jax.device_put(params, learner_sh)
+  gen_params = submesh.make_weight_sync(learner_sh, gen_sh, jnp.float32)(learner_params)
+  for a, b in zip(jax.tree.leaves(gen_params), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert a.sharding.mesh.devices.tolist() == gen_mesh.devices.tolist()
+  counts = {}
+  for name, mesh, p in (("learner", learner_mesh, learner_params),
+                        ("generator", gen_mesh, gen_params)):
+    progs = engine.lower_programs(graphdef, p, slots=64, prompt_width=16, max_new_tokens=24,
+                                  requests=64, temperature=1.0, mesh=mesh)
+    counts[name] = submesh.param_collectives(progs["decode"].as_text(), params)
+  assert counts["learner"] > 0, counts  # FSDP: weights gathered inside the decode loop
+  assert counts["generator"] == 0, counts
+
+
+def test_weight_sync_casts_to_the_inference_dtype():
+  _, params = nnx.split(Transformer(CFG, nnx.Rngs(0)), nnx.Param)
+  learner_mesh, gen_mesh = submesh.make_meshes((1, 2, 2), 4, 2)
+  learner_sh = sharding_lib.param_shardings(params, learner_mesh)
+  gen_sh = sharding_lib.param_shardings(params, gen_mesh)
+  out = submesh.make_weight_sync(learner_sh, gen_sh, jnp.bfloat16)(
+      jax.device_put(params, learner_sh))
+  for a, b, sh in zip(jax.tree.leaves(out), jax.tree.leaves(params), jax.tree.leaves(gen_sh)):
+    assert a.dtype == jnp.bfloat16 and a.sharding == sh
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.bfloat16)))
+
+
+def test_split_devices_per_process():
+  class D:
+    def __init__(self, i, p):
+      self.id, self.process_index = i, p
+  devs = [D(i, i // 4) for i in range(8)]
+  learner, gen = submesh.split_devices(devs, 1)
+  assert [d.id for d in learner] == [0, 1, 2, 4, 5, 6]
+  assert [d.id for d in gen] == [3, 7]
+  with pytest.raises(ValueError, match="generator_devices=4"):
+    submesh.split_devices(devs, 4)
+
+
+def split_config(workdir, cache, steps):
+  """The tiny two-process config on one process: W = 4 generator devices, T = 4 learner
+  devices (data 4), weights published every step, chunks of 2 decode steps."""
+  from multiprocess_worker import tiny_config
+  c = tiny_config(workdir, cache, steps=steps)
+  c.train.update(mode="async", weight_sync_every=1)
+  c.mesh.update(data=4, generator_devices=4)
+  c.sampler.chunk_steps = 2
+  c.buffer.max_staleness = 3
+  return c
+
+
+@pytest.fixture(scope="module")
+def split_run(tmp_path_factory):
+  """A 4-step run with spies on what was generated, published and checkpointed."""
+  workdir = str(tmp_path_factory.mktemp("split"))
+  cache = str(tmp_path_factory.mktemp("base"))
+  made, published, saved, graphdefs = [], {}, {}, []
+  real_gen, real_publish, real_init = (generation.generate_rollouts, split.Generator.publish,
+                                       split.Generator.__init__)
+  real_save = ckpt_lib.save
+
+  def gen_spy(src, params, *a, **kw):
+    graphdefs.append(src.graphdef)
+    rollout, produced = real_gen(src, params, *a, **kw)
+    made.append((jax.tree.map(np.asarray, rollout), produced.token_versions))
+    return rollout, produced
+
+  def keep(version, params):
+    published[version] = jax.tree.map(np.asarray, params)
+
+  def init_spy(self, *, params, version, **kw):
+    keep(version, params)
+    real_init(self, params=params, version=version, **kw)
+
+  def publish_spy(self, params, version):
+    keep(version, params)
+    real_publish(self, params, version)
+
+  def save_spy(manager, step, tree, meta):
+    saved[step] = jax.tree.map(np.asarray, tree["train"].params)
+    real_save(manager, step, tree, meta)
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(generation, "generate_rollouts", gen_spy)
+    mp.setattr(split.Generator, "publish", publish_spy)
+    mp.setattr(split.Generator, "__init__", init_spy)
+    mp.setattr(ckpt_lib, "save", save_spy)
+    summary = run(split_config(workdir, cache, steps=4), log=lambda *_: None)
+  return dict(workdir=workdir, cache=cache, made=made, published=published, saved=saved,
+              summary=summary, graphdef=graphdefs[0])
+
+
+def test_split_run_behaviour_logprobs_match_the_recorded_versions(split_run):
+  made, published, graphdef = split_run["made"], split_run["published"], split_run["graphdef"]
+  assert made, "no round was generated"
+  checked = 0
+  for rollout, versions in made:
+    p_width = rollout.tokens.shape[1] - versions.shape[1]
+    mask = rollout.completion_mask[:, p_width:]
+    for v in np.unique(versions[mask]):
+      assert int(v) in published, (int(v), sorted(published))
+      logp, _ = jax.jit(token_logprobs, static_argnums=(0, 4))(
+          graphdef, published[int(v)], rollout.tokens, rollout.attention_mask, 1.0)
+      sel = mask & (versions == v)
+      np.testing.assert_allclose(rollout.behaviour_logprobs[:, p_width:][sel],
+                                 np.asarray(logp)[:, p_width:][sel], atol=2e-4)
+      checked += int(sel.sum())
+    np.testing.assert_array_equal(rollout.policy_version,
+                                  np.where(mask, versions, 1 << 30).min(1))
+    np.testing.assert_array_equal(rollout.newest_version, np.where(mask, versions, -1).max(1))
+  assert checked == sum(int(r.completion_mask.sum()) for r, _ in made)
+
+
+def test_split_run_respects_staleness_and_counts(split_run):
+  recs = [r for r in read_metrics(split_run["workdir"]) if "staleness_max" in r]
+  assert len(recs) == 4
+  for r in recs:
+    assert r["staleness_max"] <= 3 and r["batch_bad_slots"] == 0
+    for k in ("generator_idle", "learner_idle", "overlap"):
+      assert 0.0 <= r[k] <= 1.0, (k, r[k])
+  ledger = split_run["summary"]["ledger"]
+  made = sum(r.rewards.shape[0] for r, _ in split_run["made"])
+  inserted = recs[-1]["limiter_inserted"]
+  # every finished round counts as generated; those never inserted count as lost, and so
+  # does a round abandoned mid-way when the run stopped (16 rollouts)
+  assert ledger["generated_rollouts"] == made
+  assert ledger["lost_in_flight_rollouts"] - (made - inserted) in (0, 16)
+  s = split_run["summary"]
+  assert 0.0 <= s["both_busy_s"] <= min(s["generate_s"], s["train_s"] + s["eval_s"] + 1.0)
+
+
+def test_split_run_resumes_the_learner_side_exactly(split_run):
+  saved = split_run["saved"]
+  assert 4 in saved
+  job, carry = restore(split_config(split_run["workdir"], split_run["cache"], steps=6))
+  assert carry.step == 4
+  for a, b in zip(jax.tree.leaves(jax.tree.map(np.asarray, carry.state.params)),
+                  jax.tree.leaves(saved[4])):
+    np.testing.assert_array_equal(a, b)
+  assert carry.position > 0 and int(carry.limiter_state.inserted) > 0
