@@ -776,6 +776,9 @@ def _write_report(sweep: dict, workdir: str, command: str, md_path: str) -> list
     L += [f"Best configuration found: `{n}` (x = {fmt(nom[n]['x'], 2)}, y = "
           f"{fmt(nom[n]['y'], 2)}, {nom[n]['mode']}) — {crit}.", ""]
   _write(md_path, L)
+  readme = readme_beside(md_path)
+  if readme:
+    write_readme_headline(readme, md_path)
   return paths
 
 
@@ -803,3 +806,219 @@ def _write(path: str, lines: list[str]) -> None:
   with open(tmp, "w") as f:
     f.write("\n".join(lines).rstrip() + "\n")
   os.replace(tmp, path)
+
+
+# --- the README's headline block ----------------------------------------------------------
+#
+# README.md states the sweep's result between two markers. The block is rendered from the
+# results page itself (``headline_from_results`` parses it, ``render_headline`` writes the
+# block), so the README and docs/results.md cannot disagree: the report step rewrites the
+# block whenever it rewrites the page, ``python -m jaxreplay.report`` redoes just that, and
+# tests/test_readme_headline.py fails when they differ.
+
+HEADLINE_START = "<!-- headline:start"
+HEADLINE_END = "<!-- headline:end -->"
+HEADLINE_NOTE = ("<!-- headline:start (written by `python -m jaxreplay.report` from "
+                 "docs/results.md; do not edit by hand) -->")
+
+
+def _md_sections(text: str) -> dict[str, list[str]]:
+  """The lines of each ``## heading`` section of a markdown page ("" = before the first)."""
+  out: dict[str, list[str]] = {"": []}
+  cur = ""
+  for line in text.splitlines():
+    if line.startswith("## "):
+      cur = line[3:].strip()
+      out[cur] = []
+    else:
+      out[cur].append(line)
+  return out
+
+
+def md_table(lines: Sequence[str]) -> list[dict[str, str]]:
+  """The first markdown table in ``lines`` as one dict per row (header → cell text)."""
+  rows = [ln for ln in lines if ln.startswith("|")]
+  if len(rows) < 2:
+    return []
+  split = lambda ln: [c.strip() for c in ln.strip().strip("|").split("|")]  # noqa: E731
+  header = split(rows[0])
+  return [dict(zip(header, split(r))) for r in rows[2:]]
+
+
+def _section(sections: dict[str, list[str]], prefix: str) -> list[str]:
+  for name, lines in sections.items():
+    if name.startswith(prefix):
+      return lines
+  raise ValueError(f"results page has no section '## {prefix}...'")
+
+
+def headline_from_results(text: str) -> dict[str, Any]:
+  """The numbers the README's headline states, read from a results page (docs/results.md).
+
+  Returns:
+    A dict: ``title``, ``runs``, ``configurations``, ``seeds`` (counts), ``wall_min``,
+    ``mu_time``, ``paper_mu``, ``target``, ``reference``, ``rows`` (one dict per
+    configuration of the headline table, its final sampled accuracy added as ``final``)
+    and ``best`` (the configuration the page names best).
+
+  Raises:
+    ValueError: a page without the expected lines or tables.
+  """
+  import re
+  sections = _md_sections(text)
+  head = sections[""]
+  title = next((ln[2:].strip() for ln in head if ln.startswith("# ")), "")
+  joined = "\n".join(head)
+
+  def grab(pattern: str) -> re.Match:
+    m = re.search(pattern, joined)
+    if not m:
+      raise ValueError(f"results page: no line matching {pattern!r}")
+    return m
+
+  runs = grab(r"- runs: (\d+) present of \d+ \((\d+) configurations × seeds ([^)]*)\)")
+  wall = grab(r"wall time \(summary\.json\): ([\d.]+) min")
+  mu = grab(r"measured μ \(median over runs\): ([\d.]+) from phase times.*the paper's μ: ([\d.]+)")
+  target = grab(r"target: the reference `([^`]+)`.*= \*\*([\d.]+)\*\*")
+  headline = md_table(_section(sections, "Headline"))
+  accuracy = {r["configuration"]: r for r in md_table(_section(sections, "Accuracy"))}
+  tokens_col = "tokens to target, % of on-policy"
+  compute_cols = [k for k in (headline[0] if headline else {}) if k.startswith("compute to target")]
+  rows = []
+  for r in headline:
+    rows.append({"configuration": r["configuration"].strip("`"), "x": r["x = N/R"],
+                 "y": r["y = B/R"], "tokens_pct": r[tokens_col], "reached": r["reached"],
+                 "compute_pct": [r[c] for c in compute_cols],
+                 "final": accuracy[r["configuration"]]["final sampled"]})
+  best = re.search(r"Best configuration found: `([^`]+)`", text)
+  return {"title": title, "runs": int(runs.group(1)), "configurations": int(runs.group(2)),
+          "seeds": len(runs.group(3).split(",")), "wall_min": wall.group(1),
+          "mu_time": mu.group(1), "paper_mu": mu.group(2), "reference": target.group(1),
+          "target": target.group(2), "compute_cols": compute_cols, "rows": rows,
+          "best": best.group(1) if best else ""}
+
+
+def _median_cell(cell: str) -> float:
+  """The median of a "median [q25, q75]" cell as a float (+inf for "not reached")."""
+  m = cell.split("[")[0].strip()
+  return INF if m.startswith("not reached") else float(m)
+
+
+def render_headline(h: dict[str, Any]) -> list[str]:
+  """The README's headline block (markers included) for ``headline_from_results``'s dict.
+
+  Rows: the reference and every configuration that reached the target in more than half
+  of its seeds (a finite median); the others are named with how many seeds reached it.
+  "Replay" configurations are those with x = N/R > 1.
+  """
+  ref = h["reference"]
+  rows = [r for r in h["rows"] if r["configuration"] == ref or
+          math.isfinite(_median_cell(r["tokens_pct"]))]
+  others = [r for r in h["rows"] if r not in rows]
+  replay = [r for r in rows if float(r["x"]) > 1]  # a buffer holding more than one round
+  best_pct = min((_median_cell(r["tokens_pct"]) for r in replay), default=INF)
+  if not math.isfinite(best_pct):
+    verdict_line = "no replay configuration reached on-policy's final accuracy"
+  elif best_pct < 100:
+    verdict_line = (f"the best replay configuration reached on-policy's final accuracy with "
+                    f"**{best_pct:.0f}%** of its generated tokens")
+  else:
+    verdict_line = (f"**replay did not save generation**: the best replay configurations "
+                    f"reached on-policy's final accuracy with **{best_pct:.0f}%** of its "
+                    "generated tokens")
+  L = [HEADLINE_NOTE, "",
+       f"{h['title']}: {h['configurations']} configurations × {h['seeds']} seeds at equal "
+       f"generation budgets ({h['runs']} runs, {h['wall_min']} min of run time in all). "
+       f"On-policy (`{ref}`) ends at held-out sampled accuracy **{h['target']}** (median "
+       f"over seeds); {verdict_line}.", "",
+       "| configuration | x = N/R | y = B/R | final sampled accuracy, median [IQR] | "
+       f"generated tokens to reach {h['target']}, % of on-policy | seeds that reach it | "
+       + " | ".join(c.replace("compute to target, %", "compute to reach it, %")
+                    for c in h["compute_cols"]) + " |",
+       "|" + "---|" * (6 + len(h["compute_cols"]))]
+  for r in rows:
+    L.append(f"| `{r['configuration']}` | {r['x']} | {r['y']} | {r['final']} | "
+             f"{r['tokens_pct']} | {r['reached']} | " + " | ".join(r["compute_pct"]) + " |")
+  L += ["", "Reaching it in at most half of their seeds: "
+        + ", ".join(f"`{r['configuration']}` ({r['reached']})" for r in others) + ". "
+        f"Measured μ = {h['mu_time']} (the paper's: {h['paper_mu']}); best configuration "
+        f"found: `{h['best']}`.", "", HEADLINE_END]
+  return L
+
+
+def readme_beside(md_path: str) -> str | None:
+  """The README.md of the repository whose ``docs/`` holds ``md_path``, when it has the
+  headline markers; else None (a sweep writing its page elsewhere leaves READMEs alone)."""
+  docs = os.path.dirname(os.path.abspath(md_path))
+  if os.path.basename(docs) != "docs":
+    return None
+  readme = os.path.join(os.path.dirname(docs), "README.md")
+  try:
+    with open(readme) as f:
+      text = f.read()
+  except OSError:
+    return None
+  return readme if HEADLINE_START in text and HEADLINE_END in text else None
+
+
+def splice_headline(readme_text: str, block: Sequence[str]) -> str:
+  """``readme_text`` with the lines from the start marker to the end marker replaced.
+
+  Raises:
+    ValueError: the markers are missing or out of order.
+  """
+  lines = readme_text.splitlines()
+  start = next((i for i, ln in enumerate(lines) if ln.startswith(HEADLINE_START)), None)
+  end = next((i for i, ln in enumerate(lines) if ln.strip() == HEADLINE_END), None)
+  if start is None or end is None or end < start:
+    raise ValueError(f"README has no '{HEADLINE_START} ... -->' line followed by "
+                     f"'{HEADLINE_END}'")
+  return "\n".join(lines[:start] + list(block) + lines[end + 1:]) + "\n"
+
+
+def readme_headline_block(readme_text: str) -> list[str]:
+  """The lines of the README's headline block, markers included."""
+  lines = readme_text.splitlines()
+  start = next(i for i, ln in enumerate(lines) if ln.startswith(HEADLINE_START))
+  end = next(i for i, ln in enumerate(lines) if ln.strip() == HEADLINE_END)
+  return lines[start:end + 1]
+
+
+def write_readme_headline(readme: str, results_md: str) -> bool:
+  """Rewrites the headline block of ``readme`` from ``results_md``; True if it changed."""
+  with open(results_md) as f:
+    block = render_headline(headline_from_results(f.read()))
+  with open(readme) as f:
+    old = f.read()
+  new = splice_headline(old, block)
+  if new != old:
+    storage.write_atomic(readme, new)
+  return new != old
+
+
+def main(argv=None) -> int:
+  """``python -m jaxreplay.report [--check]``: the README's headline block from
+  docs/results.md (no run is read); ``--check`` only reports whether it is current."""
+  import argparse
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  p = argparse.ArgumentParser(prog="python -m jaxreplay.report", description=main.__doc__)
+  p.add_argument("--results", default=os.path.join(root, "docs", "results.md"))
+  p.add_argument("--readme", default=os.path.join(root, "README.md"))
+  p.add_argument("--check", action="store_true", help="exit 1 if the block is out of date")
+  a = p.parse_args(argv)
+  with open(a.results) as f:
+    block = render_headline(headline_from_results(f.read()))
+  with open(a.readme) as f:
+    old = f.read()
+  new = splice_headline(old, block)
+  if a.check:
+    print("README headline: " + ("current" if new == old else "out of date"))
+    return int(new != old)
+  if new != old:
+    storage.write_atomic(a.readme, new)
+  print(f"README headline: {'rewritten' if new != old else 'already current'} ({a.readme})")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
