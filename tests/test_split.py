@@ -223,3 +223,49 @@ def test_split_run_resumes_the_learner_side_exactly(split_run):
                   jax.tree.leaves(saved[4])):
     np.testing.assert_array_equal(a, b)
   assert carry.position > 0 and int(carry.limiter_state.inserted) > 0
+
+
+def test_two_processes_split_generator_and_learner(split_run, tmp_path):
+  """2 processes × 2 fake devices, W = 2, T = 2 (one of each per process): the same checks
+  as the one-process run, and an exact restore of the learner side (tests/split_worker.py)."""
+  import os
+  import socket
+  import subprocess
+  import sys
+  import json
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = str(s.getsockname()[1])
+  here = os.path.dirname(os.path.abspath(__file__))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             JAX_PLATFORMS="cpu")
+  workdir, out = str(tmp_path / "run"), str(tmp_path)
+  procs = [subprocess.Popen([sys.executable, os.path.join(here, "split_worker.py"), str(i), "2",
+                             port, workdir, split_run["cache"], out], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  logs = []
+  for p in procs:
+    try:
+      logs.append(p.communicate(timeout=600)[0])
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      raise
+  for i, p in enumerate(procs):
+    assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
+  reports = []
+  for i in range(2):
+    with open(os.path.join(out, f"process_{i}.json")) as f:
+      reports.append(json.load(f))
+  for r in reports:
+    print({k: v for k, v in r.items() if k != "logs"})
+    assert (r["process_count"], r["device_count"]) == (2, 4)
+    assert r["checked_tokens"] > 0 and r["worst_logprob_diff"] <= 2e-4
+    assert r["restored_equals_saved"] and r["restored_step"] == r["last_saved"] == 3
+    assert r["staleness_max"] <= 3 and r["bad_slots"] == 0
+    assert r["steps"] == [1, 2, 3, 4]
+    assert all(x >= 0 for x in r["lost"])
+  # both processes agreed on every round and every swap: the same rounds and versions
+  assert reports[0]["rounds"] == reports[1]["rounds"]
+  assert reports[0]["versions"] == reports[1]["versions"]

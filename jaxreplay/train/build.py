@@ -225,6 +225,8 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
                     f"{type(c).__name__}")
   generator_mesh = None
   if c.mesh.generator_devices:  # the actor–learner split: two sub-meshes of this job
+    if jax.process_count() > 1:
+      ckpt_lib.use_process_barriers()
     mesh_shape = c.mesh.shape(c.mesh.learner_device_count(jax.device_count(),
                                                           jax.process_count()))
     mesh, generator_mesh = submesh.make_meshes(mesh_shape, c.mesh.generator_devices,

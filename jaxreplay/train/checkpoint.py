@@ -62,6 +62,23 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
   storage.write_atomic(path, text)
 
 
+def use_process_barriers() -> None:
+  """Makes Orbax synchronise processes with the distributed runtime's barriers (its key-value
+  service) instead of a collective over every device (its default,
+  ``multihost_utils.sync_global_devices``).
+
+  Needed when another thread runs programs on part of the devices while the learner
+  checkpoints (the actor–learner split): a device-wide collective would interleave with the
+  generator's programs in a different order on each process. Sets Orbax's
+  ``--experimental_orbax_use_distributed_barrier`` flag, parsed or not.
+  """
+  from absl import flags
+  name = "experimental_orbax_use_distributed_barrier"
+  if name in flags.FLAGS:
+    flags.FLAGS[name].value = True
+    flags.FLAGS[name].present = 1  # readable before absl parses the command line
+
+
 def make_manager(directory: str | os.PathLike, max_to_keep: int) -> ocp.CheckpointManager:
   """A CheckpointManager at ``directory`` (``run_path``) keeping the last ``max_to_keep`` steps.
 

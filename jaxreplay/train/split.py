@@ -29,6 +29,7 @@ import threading
 import time
 
 import jax
+import numpy as np
 from tqdm import tqdm
 
 from jaxreplay.parallel import multihost
@@ -90,7 +91,10 @@ class Generator:
 
   def __init__(self, *, run, params, version: int, position: int, inserted: int, sampled: int,
                size: int, key: jax.Array, clock: BusyClock):
-    self._run, self._key, self._clock = run, key, clock
+    # a host copy: the carry's key lives on the learner mesh, the rounds run on the other
+    self._key = jax.random.wrap_key_data(np.asarray(multihost.to_host(jax.random.key_data(key))),
+                                         impl=jax.random.key_impl(key))
+    self._run, self._clock = run, clock
     self._mesh, self._r = run.source.mesh, run.rollout.per_step
     self.cond = threading.Condition()
     self.published = {version: params}  # version -> generator copy (the newest few)
