@@ -269,3 +269,36 @@ def test_two_processes_split_generator_and_learner(split_run, tmp_path):
   # both processes agreed on every round and every swap: the same rounds and versions
   assert reports[0]["rounds"] == reports[1]["rounds"]
   assert reports[0]["versions"] == reports[1]["versions"]
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(mode="sync"), r"mesh.generator_devices=4 .*needs train.mode='async'"),
+    (dict(w=8), r"mesh.generator_devices=8 .*below the 8 devices of each process"),
+    (dict(tensor=3), r"mesh.generator_tensor=3 .*divide the 4 generator devices"),
+    (dict(rescore=True), r"rollout.behaviour_logprobs='learner' .*must be 'sampler'"),
+    (dict(kl=True), r"algo.kl_mode='reward' .*use algo.kl_mode='loss'"),
+])
+def test_split_config_errors(change, match):
+  from jaxreplay import config as config_lib
+  c = split_config("/tmp/unused", "/tmp/unused", steps=3)
+  if "mode" in change:
+    c.train.mode = change["mode"]
+  c.mesh.generator_devices = change.get("w", 4)
+  c.mesh.generator_tensor = change.get("tensor", 1)
+  if change.get("rescore"):
+    c.rollout.behaviour_logprobs = "learner"
+  if change.get("kl"):
+    c.algo.update(kl_mode="reward", kl_coef=0.1)
+  with pytest.raises(config_lib.ConfigError, match=match):
+    config_lib.validate(c, device_count=8, process_count=1)
+
+
+def test_split_config_learner_mesh_and_processes():
+  from jaxreplay import config as config_lib
+  c = split_config("/tmp/unused", "/tmp/unused", steps=3)
+  config_lib.validate(c, device_count=8, process_count=1)  # T = 4 learner devices, data 4
+  c.mesh.update(data=2, generator_devices=1)
+  config_lib.validate(c, device_count=4, process_count=2)  # async across processes: allowed
+  c.mesh.update(data=1)  # the learner mesh must span both processes' learner devices
+  with pytest.raises(config_lib.ConfigError, match="must use all 2 devices"):
+    config_lib.validate(c, device_count=4, process_count=2)
