@@ -1,7 +1,7 @@
 """A grid of configurations × seeds, run one after another, resumable, then a report.
 
   python -m jaxreplay.sweep --config configs/sweep/NAME.py [--workdir DIR] [--only REGEX]
-                            [--report-only] [--dry-run]
+                            [--report-only] [--dry-run] [--publish]
 
 A sweep file has ``get_config()`` returning a ConfigDict (or dict) with
   base_config:    path of a trainer config file (``configs/default.py``, a Qwen preset, ...),
@@ -12,7 +12,9 @@ A sweep file has ``get_config()`` returning a ConfigDict (or dict) with
                   ``ConfigDict(..., allow_dotted_keys=True)``, or nested dicts);
   configurations: list of ``dict(name=..., family=..., overrides={"a.b": v, ...})``;
   report:         what ``jaxreplay.report`` needs (reference configuration, claims, output
-                  paths; see that module). Optional.
+                  paths; see that module). Optional. Its ``results_md`` is written only
+                  when the sweep runs in its own ``workdir`` or with ``--publish``;
+                  elsewhere the report goes to ``WORKDIR/results.md`` (``results_path``).
 
 Every run (configuration × seed) is a subprocess
   python -m jaxreplay.main --config BASE --config.seed=K --config.workdir=WORKDIR/NAME/seedK
@@ -333,6 +335,29 @@ def report_command(config_path: str, workdir_arg: str | None) -> str:
   return cmd + " --report-only"
 
 
+def results_path(sweep: dict, workdir: str, workdir_arg: str | None, publish: bool) -> str:
+  """Where the report's results page goes.
+
+  The sweep file's ``report.results_md`` (such as the committed ``docs/results.md``) only
+  when the sweep runs in the file's own ``workdir`` or with ``--publish``; a sweep moved
+  elsewhere with ``--workdir`` (a subset, a trial) reports into that directory, so it never
+  overwrites the published page by accident.
+
+  Args:
+    sweep: the loaded sweep dict. workdir: the sweep's absolute directory.
+    workdir_arg: the ``--workdir`` given, or None. publish: ``--publish`` was given.
+
+  Returns:
+    The results page's path (``WORKDIR/results.md`` unless published).
+  """
+  own = sweep.get("report", {}).get("results_md") or ""
+  moved = (workdir_arg is not None and not storage.is_remote(workdir)
+           and os.path.abspath(workdir_arg) != os.path.abspath(sweep["workdir"]))
+  if own and (publish or not moved):
+    return own
+  return os.path.join(workdir, "results.md")
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m jaxreplay.sweep",
                               description=__doc__.split("\n")[0])
@@ -342,6 +367,9 @@ def main(argv=None) -> int:
                                 "(the report still reads every run present)")
   p.add_argument("--report-only", action="store_true", help="skip the grid; write the report")
   p.add_argument("--dry-run", action="store_true", help="print each run's command and stop")
+  p.add_argument("--publish", action="store_true",
+                 help="write the report to the sweep file's report.results_md (such as "
+                      "docs/results.md) even with a --workdir of its own")
   a = p.parse_args(argv)
   try:
     sweep = load_sweep(a.config)
@@ -360,8 +388,10 @@ def main(argv=None) -> int:
     print(f"jaxreplay.sweep: {e}", file=sys.stderr)
     return 2
   from jaxreplay import report  # matplotlib, scipy and jax load only for the report
+  sweep = {**sweep, "report": {**(sweep.get("report") or {}),
+                               "results_md": results_path(sweep, workdir, a.workdir, a.publish)}}
   paths = report.write_report(sweep, workdir, report_command(a.config, a.workdir))
-  print("report: " + ", ".join(paths[:1]) + f" (+{len(paths) - 1} figures)")
+  print(f"report written to {paths[0]} (+{len(paths) - 1} figures)")
   return 1 if failed else 0
 
 

@@ -249,3 +249,18 @@ def test_report_on_hand_made_runs(tmp_path):
   assert "missing: absent/seed0" in md and "**supported**" in md
   assert "| `rep` | rep | sync | 4.00 | 2.00 | 50 [50, 50] | 3/3 |" in md
   assert all(os.path.getsize(p) > 5000 for p in paths[1:])
+
+
+def test_a_moved_sweep_reports_into_its_own_directory(tmp_path):
+  """``--workdir`` elsewhere (a subset, a trial) never overwrites the sweep file's published
+  page; its own workdir, or ``--publish``, writes there."""
+  s = {"workdir": "runs/sweep_x", "report": {"results_md": "docs/results.md"}}
+  elsewhere = str(tmp_path / "trial")
+  assert sweep.results_path(s, elsewhere, elsewhere, False) == os.path.join(elsewhere,
+                                                                          "results.md")
+  assert sweep.results_path(s, elsewhere, elsewhere, True) == "docs/results.md"
+  own = os.path.abspath("runs/sweep_x")
+  assert sweep.results_path(s, own, None, False) == "docs/results.md"
+  assert sweep.results_path(s, own, "runs/sweep_x", False) == "docs/results.md"
+  s2 = {"workdir": "runs/sweep_x", "report": {"results_md": ""}}
+  assert sweep.results_path(s2, own, None, True) == os.path.join(own, "results.md")
