@@ -1,7 +1,7 @@
 """Per-device memory of a config's learner step and sampler on a mesh, from XLA itself.
 
 ``python bench/memory_plan.py --config CONFIG --devices N --chip NAME [--mesh D,F,T]
-[--arch NAME] [--set algo.grad_accum_steps=8 ...]``
+[--processes P] [--arch NAME] [--set algo.grad_accum_steps=8 ...]``
 
 Lowers and compiles the device programs of a run for the config at a mesh of N fake CPU
 devices (``--xla_force_host_platform_device_count``): the learner step (buffer sample +
@@ -26,6 +26,21 @@ What it does not see: the allocator's fragmentation and the runtime's own reserv
 (the 20% headroom is for those) and GPU/TPU-specific fusion: XLA:CPU schedules and fuses
 differently (it may, e.g., keep bfloat16 matmul operands in float32), so the numbers
 estimate the accelerator's; they have not been checked on one.
+
+The actor–learner split (``mesh.generator_devices`` W > 0, ``train.mode='async'``;
+``jaxreplay/train/split.py``): the two sub-meshes are planned apart. On the learner mesh
+(the config's data/fsdp/tensor, or ``--mesh``, over T = N − W·P devices) the learner step,
+the scoring and evaluation passes and, in place of the sampler, the weight sync's gather
+(``parallel.submesh.make_weight_sync``: a whole replica in ``model.dtype`` on every learner
+device, the rest of the state and the buffer resident). On the generator mesh
+(W·P / generator_tensor, 1, generator_tensor) the sampler on the inference copy
+(``model.dtype``, ``sharding.param_shardings`` of that mesh: replicated over data, split over
+tensor), plus one more copy resident: the next published version, which arrives while this
+one decodes. It prints each sub-mesh's peak against the chip's HBM; exit status 0 only if
+both fit. XLA:CPU runs bfloat16 dots and all-gathers in float32, so the sampler and the
+weight sync carry float32 copies of the bf16 weights a GPU or TPU does not make; their size
+is printed (``cpu_f32_weights``, counted in the compiled HLO) and a peak without them, for
+information: the verdict keeps them.
 
 Model architecture: ``model.source='builtin'`` reads ``cfg.model``; ``'hf'`` reads
 ``model.path/config.json`` when it exists, else ``--arch`` (or the preset file's name)
@@ -67,7 +82,11 @@ def _parse(argv):
   p.add_argument("--config", required=True, help="config file (get_config())")
   p.add_argument("--devices", type=int, required=True, help="chips in the mesh")
   p.add_argument("--chip", required=True, choices=sorted(CHIPS), help="HBM per chip")
-  p.add_argument("--mesh", default="", help="data,fsdp,tensor (default: the config's mesh)")
+  p.add_argument("--processes", type=int, default=1,
+                 help="processes (nodes) of the job: with mesh.generator_devices W, W per "
+                      "process generate")
+  p.add_argument("--mesh", default="", help="data,fsdp,tensor (default: the config's mesh; "
+                 "with the split, the learner's)")
   p.add_argument("--arch", default="", choices=[""] + sorted(ARCHS),
                  help="architecture of an hf config without a local checkpoint")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -118,71 +137,80 @@ def _per_device_bytes(tree) -> int:
   return total
 
 
-def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
-         arch: str = "") -> dict:
-  """Compiles the learner step, the sampler and the scoring passes of ``cfg`` on ``devices`` devices.
+def _placed(tree, shardings):
+  """Abstract arrays of ``tree`` carrying ``shardings``."""
+  import jax
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
 
-  Runs in the calling process: jax must already see ≥ ``devices`` devices (the CLI sets
-  ``XLA_FLAGS`` before importing jax; the tests' conftest sets 8).
 
-  Args:
-    cfg: the config tree. devices: N. chip: a ``CHIPS`` key.
-    mesh_shape: (data, fsdp, tensor), default the config's mesh on N devices.
-    config_path, arch: to pick an hf architecture (``model_config``).
-
-  Returns:
-    dict: ``learner``, ``sampler`` and, when the config runs them, ``rescoring``,
-    ``drift``, ``eval sampler``, ``eval entropy`` (per-device bytes: args, out, alias, temp,
-    total), ``programs`` (name -> total + the resident bytes not among its arguments),
-    ``state_bytes`` / ``buffer_bytes`` (per device), ``peak``, ``hbm``, ``fits``,
-    ``mesh``, ``n_params``, ``compile_s``, ``model`` (the TransformerConfig).
-
-  Raises:
-    jaxreplay.config.ConfigError: an invalid config (the checkpoint directory of an hf
-      config is not required). ValueError: unknown chip or architecture, too few devices.
+def _f32_weight_copies(hlo_text: str, params) -> int:
+  """Bytes of float32 ``convert`` and ``all-gather`` results shaped like a whole
+  (per-device) bfloat16 array of ``params`` in a compiled program: the copies XLA:CPU makes
+  to run bfloat16 dots and collectives in float32, which a GPU or TPU (native bfloat16 dots,
+  bfloat16 all-gathers) does not. Capped at the float32 size of ``params``.
   """
+  import re
+
   import jax
   import jax.numpy as jnp
   import numpy as np
+  shapes = {tuple(x.sharding.shard_shape(x.shape)) for x in jax.tree.leaves(params)
+            if x.dtype == jnp.bfloat16}
+  total = 0
+  for m in re.finditer(r"= f32\[([\d,]*)\]\S* (?:convert|all-gather(?:-start)?)\(", hlo_text):
+    dims = tuple(int(d) for d in m.group(1).split(",") if d)
+    if dims in shapes:
+      total += 4 * int(np.prod(dims))
+  return min(total, 2 * _per_device_bytes(params))
+
+
+def _engine_peak(cfg, graphdef, params, mesh, slots, requests, temperature, top_p,
+                 count_f32_copies: bool = False) -> dict:
+  """The decode engine's larger program (prefill-and-insert or a full-width decode chunk)
+  with ``slots`` rounded up to a multiple of the mesh's batch devices, as the engine does;
+  with ``count_f32_copies`` its ``cpu_f32_weights`` too (``_f32_weight_copies``)."""
+  from jaxreplay.parallel import sharding as sharding_lib
+  from jaxreplay.sampling import engine
+  shards = sharding_lib.batch_shards(mesh)
+  slots = -(-max(1, slots) // shards) * shards
+  progs = engine.lower_programs(
+      graphdef, params, slots=slots, prompt_width=cfg.task.prompt_width,
+      max_new_tokens=cfg.sampler.max_new_tokens, requests=requests, temperature=temperature,
+      top_k=int(cfg.sampler.top_k), top_p=top_p,
+      chunk_steps=cfg.sampler.get("chunk_steps", 16), mesh=mesh)
+  name, out = max(((n, _bytes(c.memory_analysis())) for n, c in progs.items()),
+                  key=lambda nb: nb[1]["total"])
+  if count_f32_copies:
+    out["cpu_f32_weights"] = min(out["temp"], _f32_weight_copies(progs[name].as_text(), params))
+  return out
+
+
+def _mesh_plan(cfg, mesh, graphdef, params, sampler: bool) -> dict:
+  """The learner-side programs of ``cfg`` on ``mesh`` (and the sampler when ``sampler``;
+  with the actor–learner split the weight sync's gather instead).
+
+  Returns:
+    dict: one entry per program (per-device bytes: args, out, alias, temp, total),
+    ``programs`` (name -> total + the resident bytes not among its arguments),
+    ``state_bytes``, ``buffer_bytes``, ``params_bytes``, ``sampler_resident``, ``peak``,
+    ``compile_s`` (learner, sampler or weight sync, scoring and evaluation seconds).
+  """
+  import jax
+  import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from jaxreplay import config as config_lib
   from jaxreplay import replay
-  from jaxreplay.models import hf
   from jaxreplay.parallel import sharding as sharding_lib
   from jaxreplay.rl.train_step import init_train_state, make_optimizer, make_train_step
   from jaxreplay.rollout import empty_rollout
   from jaxreplay.rl.scoring import micro_batch_rows
-  from jaxreplay.sampling import engine
   from jaxreplay.train.drift import make_drift_fn
   from jaxreplay.train.evaluate import _entropy_sum
   from jaxreplay.train.generation import learner_behaviour_logprobs
   from jaxreplay.train.learner import make_learner_step
 
-  if chip not in CHIPS:
-    raise ValueError(f"chip={chip!r} is not one of {sorted(CHIPS)}")
-  if jax.device_count() < devices:
-    raise ValueError(f"{devices} devices asked, jax sees {jax.device_count()}")
-  if cfg.model.source == "hf" and not os.path.exists(os.path.join(cfg.model.path or "",
-                                                                   "config.json")):
-    # a plan needs no checkpoint: validate everything else against a stand-in directory
-    with tempfile.TemporaryDirectory() as stand_in:
-      for name in ("config.json", "tokenizer.json"):
-        open(os.path.join(stand_in, name), "w").close()
-      checked = copy.deepcopy(cfg)
-      checked.model.path = stand_in
-      config_lib.validate(checked, device_count=devices)
-  else:
-    config_lib.validate(cfg, device_count=devices)
-  mesh_shape = tuple(mesh_shape or config_lib.mesh_shape(cfg, devices))
-  mesh = sharding_lib.make_mesh(*mesh_shape, devices=jax.devices()[:int(np.prod(mesh_shape))])
-  tcfg = model_config(cfg, config_path, arch)
-  graphdef, params = hf.abstract_model(tcfg)
-
-  def placed(tree, shardings):
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        tree, shardings)
-
+  placed = _placed
   m, p_width = cfg.sampler.max_new_tokens, cfg.task.prompt_width
   optimizer = make_optimizer(cfg.algo, cfg.train.steps)
   state = jax.eval_shape(lambda p: init_train_state(graphdef, p, optimizer, cfg.algo), params)
@@ -208,25 +236,31 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
   t_learner = time.time() - t0
 
   r = cfg.rollout.per_step
-  t0 = time.time()
-
-  def engine_peak(slots, requests, temperature, top_p):
-    """The decode engine's larger program (prefill-and-insert or a full-width decode chunk)."""
-    progs = engine.lower_programs(
-        graphdef, state.params, slots=slots, prompt_width=p_width, max_new_tokens=m,
-        requests=requests, temperature=temperature, top_k=int(cfg.sampler.top_k), top_p=top_p,
-        chunk_steps=cfg.sampler.get("chunk_steps", 16), mesh=mesh)
-    return max((_bytes(c.memory_analysis()) for c in progs.values()), key=lambda b: b["total"])
-
-  sampler = engine_peak(min(cfg.sampler.get("slots", 0) or r, r), r,
-                        float(cfg.sampler.temperature), float(cfg.sampler.top_p))
-  t_sampler = time.time() - t0
-
   state_bytes, buffer_bytes = _per_device_bytes(state), _per_device_bytes(buffer)
   params_bytes = _per_device_bytes(state.params)
   resident_not_in_sampler = state_bytes - params_bytes + buffer_bytes
-  programs = {"learner": (_bytes(learner.memory_analysis()), 0),
-              "sampler": (sampler, resident_not_in_sampler)}
+  programs = {"learner": (_bytes(learner.memory_analysis()), 0)}
+  t0 = time.time()
+  if sampler:
+    programs["sampler"] = (_engine_peak(
+        cfg, graphdef, state.params, mesh, min(cfg.sampler.get("slots", 0) or r, r), r,
+        float(cfg.sampler.temperature), float(cfg.sampler.top_p)), resident_not_in_sampler)
+  else:
+    # The actor–learner split's weight sync (parallel.submesh.make_weight_sync): one jit
+    # casts the parameters to the inference dtype and gathers a whole replica onto every
+    # learner device, which then copies its blocks to the generator devices.
+    dtype = jnp.dtype(cfg.model.dtype)
+    cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
+    gather = jax.jit(lambda p: jax.tree.map(cast, p),
+                     out_shardings=jax.tree.map(lambda _: replicated, state_sh.params))
+    sync = gather.lower(state.params).compile()
+    programs["weight sync"] = (_bytes(sync.memory_analysis()), resident_not_in_sampler)
+    replica = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
+        sharding=replicated), state.params)
+    programs["weight sync"][0]["cpu_f32_weights"] = min(
+        programs["weight sync"][0]["temp"], _f32_weight_copies(sync.as_text(), replica))
+  t_sampler = time.time() - t0
 
   # The passes that score rollouts without gradients, in the learner's micro-batch rows
   # and log-prob chunks; each runs while the rest of the train state and buffer stay.
@@ -257,8 +291,9 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
     e_sh = sharding_lib.batch_sharding(mesh, 2, e)
     e_prompts = jax.ShapeDtypeStruct((e, p_width), jnp.int32, sharding=e_sh)
     e_mask = jax.ShapeDtypeStruct((e, p_width), jnp.bool_, sharding=e_sh)
-    e_gen = engine_peak(e, cfg.eval.num_examples * cfg.eval.samples_per_example, eval_temp,
-                        eval_top_p)
+    e_gen = _engine_peak(cfg, graphdef, state.params, mesh, e,
+                         cfg.eval.num_examples * cfg.eval.samples_per_example, eval_temp,
+                         eval_top_p)
     programs["eval sampler"] = (e_gen, resident_not_in_sampler)
     e_tok = jax.ShapeDtypeStruct((e, m), jnp.int32, sharding=e_sh)
     e_out = jax.ShapeDtypeStruct((e, m), jnp.bool_, sharding=e_sh)
@@ -268,25 +303,178 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
     programs["eval entropy"] = (_bytes(e_ent.memory_analysis()), resident_not_in_sampler)
   t_scoring = time.time() - t0
 
-  peak = max(b["total"] + resident for b, resident in programs.values())
-  hbm = CHIPS[chip]
   return dict(**{name: b for name, (b, _) in programs.items()},
               programs={name: b["total"] + res for name, (b, res) in programs.items()},
               state_bytes=state_bytes, buffer_bytes=buffer_bytes,
               params_bytes=params_bytes, sampler_resident=resident_not_in_sampler,
-              peak=peak, hbm=hbm, fits=peak <= (1 - HEADROOM) * hbm, mesh=mesh_shape,
-              n_params=sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params)),
-              compile_s=(t_learner, t_sampler, t_scoring), model=tcfg)
+              peak=max(b["total"] + res for b, res in programs.values()),
+              compile_s=(t_learner, t_sampler, t_scoring))
+
+
+def _generator_plan(cfg, mesh, graphdef, params) -> dict:
+  """The actor–learner split's generator mesh: the decode engine on the inference copy
+  (``model.dtype``, laid out by ``sharding.param_shardings`` on the generator mesh: replicated
+  over data, split over tensor), while the next published copy arrives beside it.
+
+  Returns:
+    dict: ``sampler`` (per-device bytes), ``programs``, ``params_bytes`` (the inference
+    copy per device), ``sampler_resident``, ``peak``, ``compile_s``.
+  """
+  import jax
+  import jax.numpy as jnp
+
+  from jaxreplay.parallel import sharding as sharding_lib
+
+  dtype = jnp.dtype(cfg.model.dtype)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), params)
+  copy_ = _placed(abstract, sharding_lib.param_shardings(abstract, mesh))
+  r = cfg.rollout.per_step
+  t0 = time.time()
+  sampler = _engine_peak(cfg, graphdef, copy_, mesh, min(cfg.sampler.get("slots", 0) or r, r),
+                         r, float(cfg.sampler.temperature), float(cfg.sampler.top_p),
+                         count_f32_copies=True)
+  params_bytes = _per_device_bytes(copy_)
+  # One more copy: the learner publishes the next version while this one decodes; the
+  # generator swaps to it between decode chunks and then drops the old one.
+  return dict(sampler=sampler, programs={"sampler": sampler["total"] + params_bytes},
+              params_bytes=params_bytes, sampler_resident=params_bytes,
+              peak=sampler["total"] + params_bytes, compile_s=(time.time() - t0,))
+
+
+def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
+         arch: str = "", processes: int = 1) -> dict:
+  """Compiles the learner step, the sampler and the scoring passes of ``cfg`` on N devices.
+
+  Runs in the calling process: jax must already see ≥ ``devices`` devices (the CLI sets
+  ``XLA_FLAGS`` before importing jax; the tests' conftest sets 8).
+
+  With the actor–learner split (``mesh.generator_devices`` W > 0; one process: the last W
+  of the N devices generate) the learner-side programs are planned on the learner mesh
+  (the config's data/fsdp/tensor over T = N − W devices), the weight sync's gather among
+  them instead of the sampler, and the sampler on the generator mesh
+  (W / generator_tensor, 1, generator_tensor) with the inference copy in ``model.dtype``.
+
+  Args:
+    cfg: the config tree. devices: N. chip: a ``CHIPS`` key.
+    mesh_shape: (data, fsdp, tensor), default the config's mesh on N devices (with the
+      split: the learner mesh on T devices).
+    config_path, arch: to pick an hf architecture (``model_config``).
+
+  Returns:
+    dict: ``learner``, ``sampler`` and, when the config runs them, ``rescoring``,
+    ``drift``, ``eval sampler``, ``eval entropy`` (per-device bytes: args, out, alias, temp,
+    total), ``programs`` (name -> total + the resident bytes not among its arguments),
+    ``state_bytes`` / ``buffer_bytes`` (per device), ``peak``, ``hbm``, ``fits``,
+    ``mesh``, ``n_params``, ``compile_s``, ``model`` (the TransformerConfig).
+    With the split instead: ``split`` True, ``submeshes`` {"learner": the learner mesh's
+    dict as above with ``weight sync`` in place of ``sampler``, "generator": ``sampler``,
+    ``programs``, ``params_bytes`` (the inference copy), ``peak``}, each with ``mesh``,
+    ``devices`` and ``fits``; ``fits`` (both), ``peak`` (the larger), ``hbm``, ``mesh``
+    (the learner's), ``generator_mesh``, ``n_params``, ``model``.
+
+  Raises:
+    jaxreplay.config.ConfigError: an invalid config (the checkpoint directory of an hf
+      config is not required). ValueError: unknown chip or architecture, too few devices.
+  """
+  import jax
+  import numpy as np
+
+  from jaxreplay import config as config_lib
+  from jaxreplay.models import hf
+  from jaxreplay.parallel import sharding as sharding_lib
+
+  if chip not in CHIPS:
+    raise ValueError(f"chip={chip!r} is not one of {sorted(CHIPS)}")
+  if jax.device_count() < devices:
+    raise ValueError(f"{devices} devices asked, jax sees {jax.device_count()}")
+  if cfg.model.source == "hf" and not os.path.exists(os.path.join(cfg.model.path or "",
+                                                                   "config.json")):
+    # a plan needs no checkpoint: validate everything else against a stand-in directory
+    with tempfile.TemporaryDirectory() as stand_in:
+      for name in ("config.json", "tokenizer.json"):
+        open(os.path.join(stand_in, name), "w").close()
+      checked = copy.deepcopy(cfg)
+      checked.model.path = stand_in
+      config_lib.validate(checked, device_count=devices, process_count=processes)
+  else:
+    config_lib.validate(cfg, device_count=devices, process_count=processes)
+  tcfg = model_config(cfg, config_path, arch)
+  graphdef, params = hf.abstract_model(tcfg)
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  hbm = CHIPS[chip]
+  limit = (1 - HEADROOM) * hbm
+  w = int(cfg.mesh.get("generator_devices", 0) or 0) * processes  # generator devices in all
+  if not w:
+    mesh_shape = tuple(mesh_shape or config_lib.mesh_shape(cfg, devices))
+    mesh = sharding_lib.make_mesh(*mesh_shape,
+                                  devices=jax.devices()[:int(np.prod(mesh_shape))])
+    part = _mesh_plan(cfg, mesh, graphdef, params, sampler=True)
+    return dict(**part, hbm=hbm, fits=part["peak"] <= limit, mesh=mesh_shape,
+                n_params=n_params, model=tcfg)
+
+  # The actor–learner split: the learner mesh on the first T devices, the generator's on
+  # the last W (``parallel.submesh.make_meshes`` takes W per process; per-device bytes do
+  # not depend on which devices).
+  t = devices - w
+  mesh_shape = tuple(mesh_shape or config_lib.mesh_shape(cfg, t))
+  if int(np.prod(mesh_shape)) > t:
+    raise ValueError(f"learner mesh {mesh_shape} needs more than the T={t} learner devices")
+  gt = int(cfg.mesh.generator_tensor)
+  gen_shape = (w // gt, 1, gt)
+  learner_mesh = sharding_lib.make_mesh(*mesh_shape,
+                                        devices=jax.devices()[:int(np.prod(mesh_shape))])
+  gen_mesh = sharding_lib.make_mesh(*gen_shape, devices=jax.devices()[t:devices])
+  learner = _mesh_plan(cfg, learner_mesh, graphdef, params, sampler=False)
+  generator = _generator_plan(cfg, gen_mesh, graphdef, params)
+  for part, shape, n in ((learner, mesh_shape, t), (generator, gen_shape, w)):
+    part.update(mesh=shape, devices=n, fits=part["peak"] <= limit)
+    # The same peak less XLA:CPU's float32 copies of bfloat16 weights (information only).
+    part["peak_without_cpu_copies"] = max(
+        total - part[name].get("cpu_f32_weights", 0) for name, total in part["programs"].items())
+  return dict(split=True, submeshes={"learner": learner, "generator": generator},
+              processes=processes,
+              fits=learner["fits"] and generator["fits"],
+              peak=max(learner["peak"], generator["peak"]), hbm=hbm, mesh=mesh_shape,
+              generator_mesh=gen_shape, n_params=n_params, model=tcfg,
+              compile_s=learner["compile_s"] + generator["compile_s"])
+
+
+def _program_rows(part: dict) -> list[str]:
+  gb = lambda b: f"{b / 1e9:8.2f}"  # noqa: E731
+  lines = ["per device, GB        args      out  aliased     temp    total   +resident"]
+  for name, with_resident in part["programs"].items():
+    r = part[name]
+    lines.append(f"  {name:<12} {gb(r['args'])} {gb(r['out'])} {gb(r['alias'])} "
+                 f"{gb(r['temp'])} {gb(r['total'])}   {gb(with_resident)}")
+  return lines
+
+
+def _peak_line(prefix: str, peak: float, hbm: float, fits: bool) -> str:
+  return (f"{prefix}: {peak / 1e9:.2f} GB of {hbm / 1e9:.0f} GB ({100 * peak / hbm:.0f}%); "
+          f"fits with {HEADROOM:.0%} headroom (<= {(1 - HEADROOM) * hbm / 1e9:.1f} GB): "
+          f"{'yes' if fits else 'NO'}")
 
 
 def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
   """The plan as text (what the CLI prints; the presets' docstrings quote it)."""
-  gb = lambda b: f"{b / 1e9:8.2f}"
+  gb = lambda b: f"{b / 1e9:8.2f}"  # noqa: E731
   t = result["model"]
   d, f, tn = result["mesh"]
+  split = result.get("split", False)
+  if split:
+    lp, gp = result["submeshes"]["learner"], result["submeshes"]["generator"]
+    n_proc = result["processes"]
+    per = (f" ({gp['devices'] // n_proc}/{lp['devices'] // n_proc} per process)"
+           if n_proc > 1 else "")
+    head = (f"actor–learner split W/T = {gp['devices']}/{lp['devices']}{per}: learner mesh "
+            f"data={d} fsdp={f} tensor={tn}, generator mesh data={result['generator_mesh'][0]} "
+            f"tensor={result['generator_mesh'][2]}")
+  else:
+    head = f"mesh data={d} fsdp={f} tensor={tn}"
   lines = [
       f"memory plan: {config_path} on {devices} x {chip} ({result['hbm'] / 1e9:.0f} GB HBM), "
-      f"mesh data={d} fsdp={f} tensor={tn}",
+      + head,
       f"model: {result['n_params'] / 1e9:.3f}B params ({t.param_dtype} params, {t.dtype} "
       f"compute), {t.n_layers} layers, scan_layers={t.scan_layers}, remat={t.remat}",
       f"learner: B={cfg.train.batch_size} rows x "
@@ -294,22 +482,46 @@ def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
       f"num_minibatches={cfg.algo.num_minibatches}, grad_accum_steps="
       f"{cfg.algo.get('grad_accum_steps', 1)}, logprob_chunk={cfg.algo.get('logprob_chunk', 0)}; "
       f"sampler: {cfg.rollout.per_step} rollouts",
-      "per device, GB        args      out  aliased     temp    total   +resident",
   ]
-  for name, with_resident in result["programs"].items():
-    r = result[name]
-    lines.append(f"  {name:<12} {gb(r['args'])} {gb(r['out'])} {gb(r['alias'])} "
-                 f"{gb(r['temp'])} {gb(r['total'])}   {gb(with_resident)}")
+  if not split:
+    lines += _program_rows(result)
+    lines += [
+        f"  train state {gb(result['state_bytes']).strip()} GB (parameters "
+        f"{gb(result['params_bytes']).strip()}), buffer {gb(result['buffer_bytes']).strip()} GB",
+        f"  +resident: total + the state and buffer not among the program's arguments "
+        f"(sampler: {gb(result['sampler_resident']).strip()} GB)",
+        _peak_line("peak per device", result["peak"], result["hbm"], result["fits"]),
+        f"compile on CPU: learner {result['compile_s'][0]:.0f}s, sampler "
+        f"{result['compile_s'][1]:.0f}s, scoring and evaluation {result['compile_s'][2]:.0f}s",
+    ]
+    return "\n".join(lines)
+  lines.append(f"learner mesh ({lp['devices']} devices):")
+  lines += _program_rows(lp)
   lines += [
-      f"  train state {gb(result['state_bytes']).strip()} GB (parameters "
-      f"{gb(result['params_bytes']).strip()}), buffer {gb(result['buffer_bytes']).strip()} GB",
+      f"  train state {gb(lp['state_bytes']).strip()} GB (parameters "
+      f"{gb(lp['params_bytes']).strip()}), buffer {gb(lp['buffer_bytes']).strip()} GB",
       f"  +resident: total + the state and buffer not among the program's arguments "
-      f"(sampler: {gb(result['sampler_resident']).strip()} GB)",
-      f"peak per device: {result['peak'] / 1e9:.2f} GB of {result['hbm'] / 1e9:.0f} GB "
-      f"({100 * result['peak'] / result['hbm']:.0f}%); fits with {HEADROOM:.0%} headroom "
-      f"(<= {(1 - HEADROOM) * result['hbm'] / 1e9:.1f} GB): {'yes' if result['fits'] else 'NO'}",
-      f"compile on CPU: learner {result['compile_s'][0]:.0f}s, sampler "
-      f"{result['compile_s'][1]:.0f}s, scoring and evaluation {result['compile_s'][2]:.0f}s",
+      f"(weight sync: {gb(lp['sampler_resident']).strip()} GB)",
+      f"  of the weight sync's temp, {gb(lp['weight sync']['cpu_f32_weights']).strip()} GB are "
+      f"XLA:CPU's float32 all-gather of the bf16 replica (a GPU/TPU gathers bf16)",
+      _peak_line("  learner mesh peak per device", lp["peak"], result["hbm"], lp["fits"]),
+      f"generator mesh ({gp['devices']} devices; inference copy in {cfg.model.dtype}, "
+      f"{gb(gp['params_bytes']).strip()} GB per device):",
+  ]
+  lines += _program_rows(gp)
+  lines += [
+      f"  +resident: total + the next published copy ({gb(gp['sampler_resident']).strip()} GB), "
+      f"which arrives while this one decodes",
+      f"  of the sampler's temp, {gb(gp['sampler']['cpu_f32_weights']).strip()} GB are XLA:CPU's "
+      f"float32 copies of the bf16 weights for its dots (a GPU/TPU runs bf16 dots natively)",
+      _peak_line("  generator mesh peak per device", gp["peak"], result["hbm"], gp["fits"]),
+      f"without XLA:CPU's float32 weight copies (information only): learner mesh "
+      f"{lp['peak_without_cpu_copies'] / 1e9:.2f} GB, generator mesh "
+      f"{gp['peak_without_cpu_copies'] / 1e9:.2f} GB",
+      f"both sub-meshes fit: {'yes' if result['fits'] else 'NO'}",
+      f"compile on CPU: learner {lp['compile_s'][0]:.0f}s, weight sync "
+      f"{lp['compile_s'][1]:.0f}s, scoring and evaluation {lp['compile_s'][2]:.0f}s, sampler "
+      f"{gp['compile_s'][0]:.0f}s",
   ]
   return "\n".join(lines)
 
@@ -325,7 +537,7 @@ def main(argv=None) -> int:
   cfg = load_config(args.config)
   apply_overrides(cfg, args.set)
   mesh = tuple(int(x) for x in args.mesh.split(",")) if args.mesh else None
-  result = plan(cfg, args.devices, args.chip, mesh, args.config, args.arch)
+  result = plan(cfg, args.devices, args.chip, mesh, args.config, args.arch, args.processes)
   print(report(result, cfg, args.config, args.devices, args.chip))
   return 0 if result["fits"] else 1
 

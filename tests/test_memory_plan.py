@@ -71,3 +71,32 @@ def test_unknown_chip_and_architecture_fail_clearly():
   with pytest.raises(ValueError, match="pass --arch"):
     mp.model_config(cfg, "configs/mine.py")
   assert mp.model_config(cfg, "configs/qwen2_5_7b_v5p.py").n_layers == 28
+
+
+def test_plan_of_the_actor_learner_split_reports_both_sub_meshes():
+  """mesh.generator_devices W = 4 of 8: the learner programs (the weight sync's gather in
+  place of the sampler) on the learner mesh over T = 4 devices, the sampler on the generator
+  mesh (W / generator_tensor, 1, generator_tensor) with the inference copy in model.dtype."""
+  mp = _module()
+  cfg = tiny_config()
+  cfg.train.mode = "async"
+  cfg.rollout.behaviour_logprobs = "sampler"  # the split has no learner-side rescoring
+  cfg.mesh.update(generator_devices=4, generator_tensor=2)
+  cfg.eval.every = 0  # (its programs are the W = 0 plan's, on the learner mesh; saves ~8 s)
+  result = mp.plan(cfg, 8, "v5e", mesh_shape=(2, 2, 1))
+  assert result["split"] and result["mesh"] == (2, 2, 1) and result["generator_mesh"] == (2, 1, 2)
+  learner, generator = result["submeshes"]["learner"], result["submeshes"]["generator"]
+  assert (learner["devices"], generator["devices"]) == (4, 4)
+  assert set(learner["programs"]) == {"learner", "weight sync", "drift"}
+  assert set(generator["programs"]) == {"sampler"}
+  # The weight sync returns a whole replica per learner device, in the inference dtype.
+  whole = sum(int(np.prod(x.shape)) * np.dtype(cfg.model.dtype).itemsize
+              for x in jax.tree.leaves(hf.abstract_model(result["model"])[1]))
+  assert learner["weight sync"]["out"] >= whole
+  # The generator's copy is split over its tensor axis only: about half the model.
+  assert whole / 2 <= generator["params_bytes"] < whole
+  assert generator["sampler"]["args"] >= generator["params_bytes"]
+  assert generator["peak"] == generator["sampler"]["total"] + generator["params_bytes"]
+  assert result["peak"] == max(learner["peak"], generator["peak"]) and result["fits"]
+  text = mp.report(result, cfg, "tiny", 8, "v5e")
+  assert "W/T = 4/4" in text and text.splitlines()[-2] == "both sub-meshes fit: yes"
