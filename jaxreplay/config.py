@@ -14,10 +14,12 @@ import dataclasses
 import difflib
 import importlib.util
 import json
+import math
 import os
 
 from jaxreplay.models.spec import ModelSpec
 from jaxreplay.parallel.spec import DistributedSpec, MeshSpec
+from jaxreplay.replay.auto import AutoReplaySpec
 from jaxreplay.replay.config import RateLimiterSpec, SamplerConfig
 from jaxreplay.rl.spec import GROUP_ESTIMATORS, AlgoSpec
 from jaxreplay.sampling.spec import SamplingSpec
@@ -77,8 +79,8 @@ def apply_overrides(cfg, pairs) -> None:
 # Every section of the tree and the spec that owns it, in the order a reader meets them.
 SECTIONS = {
     "task": TaskSpec, "model": ModelSpec, "warmstart": WarmstartSpec, "sampler": SamplingSpec,
-    "rollout": RolloutSpec, "buffer": SamplerConfig, "train": TrainSpec,
-    "rate_limiter": RateLimiterSpec, "algo": AlgoSpec, "eval": EvalSpec, "drift": DriftSpec,
+    "rollout": RolloutSpec, "buffer": SamplerConfig, "auto_replay": AutoReplaySpec,
+    "train": TrainSpec, "rate_limiter": RateLimiterSpec, "algo": AlgoSpec, "eval": EvalSpec, "drift": DriftSpec,
     "checkpoint": CheckpointSpec, "mesh": MeshSpec, "log": LogSpec,
     "distributed": DistributedSpec,
 }
@@ -105,6 +107,7 @@ class RunConfig:
   sampler: SamplingSpec
   rollout: RolloutSpec
   buffer: SamplerConfig
+  auto_replay: AutoReplaySpec
   train: TrainSpec
   rate_limiter: RateLimiterSpec
   algo: AlgoSpec
@@ -325,6 +328,41 @@ def _check_split(c: RunConfig, device_count: int, process_count: int) -> None:
           "generator mesh does not hold: use algo.kl_mode='loss' with mesh.generator_devices")
 
 
+def _check_auto_replay(c: RunConfig, shards: int) -> None:
+  """What the self-tuning replay controller (``auto_replay.enabled``; ``train.self_tuning``)
+  needs: the lagged strategy (it retunes R and the age cut-off between learner steps), a
+  policy-gradient loss its per-item gradients can take (``rl.noise.per_item_loss_fn``: no
+  critic, no KL reference), fresh items to centre on for ``center='fresh'`` (lag 0), a use
+  cap that still supplies B draws at the smallest R it may pick (R >= B / y_max), and room
+  in the buffer for one round of the smallest R that splits over the mesh."""
+  ar = c.auto_replay
+  if not ar.enabled:
+    return
+  if c.train.mode not in ("sync", "simulated_async"):
+    _fail("auto_replay.enabled", True, f"needs train.mode 'sync' or 'simulated_async' (the "
+          f"lagged strategy, which retunes R and the age cut-off between learner steps), not "
+          f"{c.train.mode!r}; or set auto_replay.enabled=False")
+  if c.algo.advantage == "gae":
+    _fail("auto_replay.enabled", True, "needs a policy-gradient estimator without a critic "
+          "(the noise estimate differentiates the policy loss alone), not "
+          "algo.advantage='gae'")
+  if c.algo.kl_coef > 0:
+    _fail("auto_replay.enabled", True, f"needs algo.kl_coef=0 (the noise estimate "
+          f"differentiates the policy loss alone), not {c.algo.kl_coef}")
+  if ar.center == "fresh" and c.train.policy_lag:
+    _fail("auto_replay.center", "fresh", f"needs staleness-0 items, which train.mode="
+          f"{c.train.mode!r} with lag {c.train.policy_lag} never holds: use 'mean'")
+  k = c.buffer.max_times_sampled
+  if k is not None and k < ar.y_max:
+    _fail("buffer.max_times_sampled", k, f"must be >= auto_replay.y_max={ar.y_max}: the "
+          "controller may set R = B / y_max, and max_times_sampled * R draws per step must "
+          "cover train.batch_size")
+  unit = math.lcm(c.rollout.group_size, shards)
+  if unit > c.buffer.capacity:
+    _fail("buffer.capacity", c.buffer.capacity, f"must be >= lcm(rollout.group_size, mesh "
+          f"data×fsdp) = {unit} with auto_replay.enabled: R moves in steps of that size")
+
+
 def check_combinations(c: RunConfig, device_count: int, process_count: int) -> None:
   """The rules that read several sections.
 
@@ -382,6 +420,7 @@ def check_combinations(c: RunConfig, device_count: int, process_count: int) -> N
     if v % shards:
       _fail(f, v, f"must be divisible by mesh data×fsdp = {data}×{fsdp} = {shards} "
             "(set config.mesh.data / mesh.fsdp to sizes that divide it)")
+  _check_auto_replay(c, shards)
 
 
 def check_files(c: RunConfig) -> None:

@@ -46,6 +46,7 @@ from jaxreplay import theory
 from jaxreplay.spec import Spec, field
 
 MAX_LOG = 64  # change-log entries kept in the state (the oldest are dropped)
+MU_SOURCES = ("time", "flops")  # ``AutoReplaySpec.mu_source``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +69,10 @@ class AutoReplaySpec(Spec):
     y_min, y_max: bounds on the replay ratio y = B/R, 0 < y_min <= y_max.
     tolerance: >= 0 relative change of R below which R is kept (a new R recompiles
       generation).
+    mu_source: which measured μ the trainer gives the controller (``train.self_tuning``),
+      'time' (seconds per generated rollout over seconds per trained sample, the run's
+      phase timers: the cost the compute budget pays, not bit-reproducible) or 'flops' (the
+      ledger's FLOP estimates: deterministic, blind to memory-bound decoding).
   """
 
   SECTION: ClassVar[str] = "auto_replay"
@@ -85,6 +90,7 @@ class AutoReplaySpec(Spec):
   y_min: float = field(1.0, gt=0)
   y_max: float = field(16.0, gt=0)
   tolerance: float = field(0.2, ge=0)
+  mu_source: str = field("time", choices=MU_SOURCES)
 
   def check(self):
     """Raises ``ConfigError`` when a lower bound exceeds its upper bound."""

@@ -21,6 +21,7 @@ from etils import epath
 
 from jaxreplay import storage
 from jaxreplay.parallel import multihost
+from jaxreplay.replay.auto import AutoReplaySpec
 
 
 FAULT_ENV = "JAXREPLAY_FAULT"
@@ -389,7 +390,9 @@ BEHAVES_AS_ABSENT = {"rollout.behaviour_logprobs": "sampler", "eval.batch_rows":
                      "sampler.slots": 0, "sampler.chunk_steps": 16,
                      "algo.pack_sequences": False,
                      # optional model keys before the model spec stated them (absent = off)
-                     "model.scan_layers": False, "model.remat": "none"}
+                     "model.scan_layers": False, "model.remat": "none",
+                     # the self-tuning replay section, off, before the trainer had it
+                     **{f"auto_replay.{k}": v for k, v in AutoReplaySpec().to_dict().items()}}
 
 
 def config_changes(saved: dict, current: dict) -> list[str]:
