@@ -1,6 +1,6 @@
-"""Qwen2.5-7B-Instruct, actor–learner split W/T = 6/2 on one 8-GPU node (H200; on H100: below).
+"""Qwen2.5-7B-Instruct, actor–learner split W/T = 6/2 on one node of 8 H200 GPUs (on H100: below).
 
-``python -m jaxreplay.main --config configs/qwen2_5_7b_h100x8_split.py
+``python -m jaxreplay.main --config configs/qwen2_5_7b_h200x8_split.py
 --config.model.path=/path/to/Qwen2.5-7B-Instruct``. Task, model, G = 16, R = B = 64, N = 256
 and learning rate of ``configs/qwen2_5_7b_h100x8.py``, with generation moved off the learner
 (``train.mode='async'``, ``jaxreplay/train/split.py``): each node's last W = 6 GPUs generate
@@ -29,7 +29,7 @@ Settings the split needs or suggests:
   ``learner_idle``, raise it in the opposite case (μ of this engine: the ledger's
   ``mu_flops``/``mu_time``). At 1.75 a rollout stays N/R = 4 rounds ≈ 7 learner steps.
 
-``bench/memory_plan.py --config configs/qwen2_5_7b_h100x8_split.py --devices 8 --chip h200``
+``bench/memory_plan.py --config configs/qwen2_5_7b_h200x8_split.py --devices 8 --chip h200``
 (XLA:CPU's memory analysis of each sub-mesh's compiled programs; not measured on a GPU):
   learner mesh (2 devices):
   per device, GB        args      out  aliased     temp    total   +resident
