@@ -31,8 +31,11 @@ from jaxreplay.models.tokenizer import load_or_train_tokenizer
 from jaxreplay.parallel import multihost
 from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.parallel import submesh
+from jaxreplay.replay import auto as auto_lib
 from jaxreplay.replay import rate_limiter as rate_lib
+from jaxreplay.replay.auto import AutoReplaySpec
 from jaxreplay.replay.config import SamplerConfig
+from jaxreplay.rl.noise import make_buffer_noise_fn
 from jaxreplay.rl.scoring import micro_batch_rows
 from jaxreplay.rl.train_step import init_train_state, make_optimizer, make_train_step
 from jaxreplay.rollout import empty_rollout
@@ -86,6 +89,11 @@ class Run:
     replicated: a replicated ``NamedSharding`` on ``mesh``.
     manager, best_manager: Orbax checkpoint managers (latest; best held-out accuracy, or
       None). writer: ``MetricWriter``.
+    auto_replay: the ``auto_replay`` spec (the self-tuning controller, ``self_tuning``).
+    learner_fns: with ``auto_replay.enabled``, ``(per_step, buffer_spec) -> LearnerFns``:
+      the learner-side functions for another R or age cut-off (built once per pair, then
+      reused); else None. ``rollout``, ``buffer``, ``source`` and ``fns`` are the ones in
+      force: the controller replaces them (``self_tuning.apply``).
   """
 
   train: TrainSpec
@@ -117,6 +125,8 @@ class Run:
   manager: ocp.CheckpointManager
   best_manager: ocp.CheckpointManager | None
   writer: MetricWriter
+  auto_replay: AutoReplaySpec = AutoReplaySpec()
+  learner_fns: Callable[..., LearnerFns] | None = None
 
   @property
   def is_async(self) -> bool:
@@ -284,23 +294,51 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
   params = state.params
   b = c.train.batch_size
   rb = replay.make_replay_buffer(c.buffer.capacity, b, c.buffer)  # the one add / sample
-  init_buffer = lambda: rb.init(empty_rollout(1, c.task.prompt_width + m))
+  # The self-tuning controller may set an age cut-off at any step: its buffer is created
+  # with ``may_have_holes`` (a static part of the state's structure) from the start.
+  evicts = c.buffer.evicts or c.auto_replay.enabled
+  init_buffer = lambda: rb.init(empty_rollout(1, c.task.prompt_width + m), evicts=evicts)
   buffer_sh = replay.state_sharding(jax.eval_shape(init_buffer), mesh, "data")
   buffer = jax.jit(init_buffer, out_shardings=buffer_sh)()
   train_step = make_train_step(graphdef, optimizer, algo, samp.temperature, samp.top_k,
                                samp.top_p)
-  learner_step = make_learner_step(train_step, rb, cost=cost,
-                                   prompt_len=c.task.prompt_width, epochs=algo.update_epochs,
-                                   mesh=mesh, state_sharding=state_sh,
-                                   buffer_sharding=buffer_sh)
-  ready = make_ready(rb)
   drift_fn = make_drift_fn(graphdef, samp.temperature, c.drift.num_samples,
                            algo.staleness_buckets, samp.top_k, samp.top_p, algo.logprob_chunk,
                            score_rows, pack=algo.pack_sequences) if c.drift.every else None
-  fns = LearnerFns(insert=make_inserter(rb, c.rollout.per_step, buffer_sh),
-                   learner_step=learner_step,
-                   ready=lambda buffer, version: bool(multihost.to_host(ready(buffer, version))),
-                   drift=drift_fn)
+  ar = c.auto_replay
+  noise_fn = make_buffer_noise_fn(graphdef, algo, samp.temperature, samp.top_k, samp.top_p,
+                                  num_samples=ar.num_samples,
+                                  num_projections=ar.num_projections, center=ar.center,
+                                  min_count=ar.min_samples, rows=score_rows
+                                  ) if ar.enabled else None
+
+  def make_fns(per_step: int, buffer_spec: SamplerConfig, rb=None) -> LearnerFns:
+    """The learner-side functions for R = ``per_step`` and the buffer's sampler spec (its
+    age cut-off): what the self-tuning controller rebuilds when it changes them."""
+    if rb is None:
+      rb = replay.make_replay_buffer(buffer_spec.capacity, b, buffer_spec)
+    learner_step = make_learner_step(train_step, rb, cost=cost,
+                                     prompt_len=c.task.prompt_width, epochs=algo.update_epochs,
+                                     mesh=mesh, state_sharding=state_sh,
+                                     buffer_sharding=buffer_sh)
+    ready = make_ready(rb)
+    return LearnerFns(insert=make_inserter(rb, per_step, buffer_sh),
+                      learner_step=learner_step,
+                      ready=lambda buffer, version: bool(multihost.to_host(ready(buffer,
+                                                                                 version))),
+                      drift=drift_fn, noise=noise_fn)
+
+  fns = make_fns(c.rollout.per_step, c.buffer, rb)
+  learner_fns = None
+  if ar.enabled:  # one set per (R, cut-off) met, so returning to a setting compiles nothing
+    built = {(c.rollout.per_step, c.buffer.max_staleness): fns}
+
+    def learner_fns(per_step: int, buffer_spec: SamplerConfig) -> LearnerFns:
+      key = (per_step, buffer_spec.max_staleness)
+      if key not in built:
+        built[key] = make_fns(per_step, buffer_spec)
+      return built[key]
+
   source = RolloutSource(rollout=c.rollout, sampling=samp, algo=algo, io=io, task=task,
                          graphdef=graphdef, stream=PromptStream(task.train, seed=c.seed),
                          prompt_width=c.task.prompt_width,
@@ -324,7 +362,8 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
             limiter=rate_lib.RateLimiter(**c.rate_limiter.settings(b, c.rollout.per_step)),
             replicated=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
             manager=manager, best_manager=best_manager,
-            writer=MetricWriter(workdir, c.log.tensorboard, primary=multihost.is_primary()))
+            writer=MetricWriter(workdir, c.log.tensorboard, primary=multihost.is_primary()),
+            auto_replay=ar, learner_fns=learner_fns)
   waits = dict(learner_wait_s=0.0, generator_wait_s=0.0) if run.is_async else {}
   # The parameter ring of simulated_async: ``lag`` copies in the parameters' own layout.
   carry = Carry(state=state, buffer=buffer,
@@ -333,5 +372,7 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
                 key=multihost.to_global(jax.random.key(c.seed), run.replicated),
                 ledger=Ledger(),
                 timers=Timers(**waits), position=0, step=0,
-                best=ckpt_lib.best_so_far(best_manager) if best_manager is not None else None)
+                best=ckpt_lib.best_so_far(best_manager) if best_manager is not None else None,
+                auto=(auto_lib.initial_state(c.rollout.per_step, c.buffer.max_staleness)
+                      if ar.enabled else None))
   return run, carry

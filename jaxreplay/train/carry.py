@@ -2,9 +2,9 @@
 
 A ``Carry`` is a frozen value; each step returns a new one (``dataclasses.replace``).
 ``save`` writes it with Orbax (arrays: train state, buffer, RNG, parameter ring, limiter;
-JSON: ledger, timers, data position, evaluations), and ``resume`` restores the newest
-readable checkpoint into the fresh carry's layout — or, on a fresh run, evaluates the
-starting policy (the "before" of every comparison).
+JSON: ledger, timers, data position, evaluations, the self-tuning controller's state), and
+``resume`` restores the newest readable checkpoint into the fresh carry's layout — or, on a
+fresh run, evaluates the starting policy (the "before" of every comparison).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from jaxreplay.parallel import multihost
+from jaxreplay.replay.auto import AutoReplayState
 from jaxreplay.train import checkpoint as ckpt_lib
 from jaxreplay.train.ledger import Ledger, Timers
 
@@ -41,6 +42,9 @@ class Carry:
     best: (step, eval/acc_sampled) of the best checkpoint kept, or None.
     skips: consecutive learner steps skipped for non-finite values.
     wall_before: seconds this run spent in earlier processes (before a resume).
+    auto: the self-tuning controller's ``replay.auto.AutoReplayState`` (R and the age
+      cut-off in force, its running estimates and change log), or None when
+      ``auto_replay.enabled`` is False.
   """
 
   state: Any
@@ -57,6 +61,7 @@ class Carry:
   best: tuple | None = None
   skips: int = 0
   wall_before: float = 0.0
+  auto: Any = None
 
   def replace(self, **changes) -> "Carry":
     """A copy with ``changes`` applied (``dataclasses.replace``)."""
@@ -76,6 +81,11 @@ def drift_key(carry: Carry) -> jax.Array:
 def generator_key(carry: Carry) -> jax.Array:
   """Key of the ``async`` generator thread's stream."""
   return jax.random.fold_in(carry.key, 2**31 - 3)
+
+
+def noise_key(carry: Carry) -> jax.Array:
+  """Key of the self-tuning controller's noise estimates (``train.self_tuning``)."""
+  return jax.random.fold_in(carry.key, 2**31 - 4)
 
 
 def checkpoint_tree(run, carry: Carry) -> dict:
@@ -100,12 +110,14 @@ def save(run, carry: Carry) -> None:
     RuntimeError: Orbax declined the save (``checkpoint.save``: the step is not after the
       latest checkpoint).
   """
-  ckpt_lib.save(run.manager, carry.step, checkpoint_tree(run, carry), {
-      "step": carry.step, "counts": carry.ledger.as_dict(), "data_position": carry.position,
-      "eval_before": carry.eval_before, "last_eval": carry.last_eval,
-      "timers": carry.timers.as_dict(),
-      "wall_seconds": carry.wall_before + time.time() - run.t_start,
-      "config": json.loads(run.config_json)})
+  meta = {"step": carry.step, "counts": carry.ledger.as_dict(), "data_position": carry.position,
+          "eval_before": carry.eval_before, "last_eval": carry.last_eval,
+          "timers": carry.timers.as_dict(),
+          "wall_seconds": carry.wall_before + time.time() - run.t_start,
+          "config": json.loads(run.config_json)}
+  if carry.auto is not None:  # the controller's state, exactly (``AutoReplayState.to_dict``)
+    meta["auto_replay"] = carry.auto.to_dict()
+  ckpt_lib.save(run.manager, carry.step, checkpoint_tree(run, carry), meta)
 
 
 def resume(run, fresh: Carry) -> Carry:
@@ -142,6 +154,8 @@ def resume(run, fresh: Carry) -> Carry:
       timers=Timers.from_dict({**fresh.timers.as_dict(), **meta.get("timers", {})}),
       position=meta["data_position"], eval_before=meta["eval_before"],
       last_eval=dict(meta.get("last_eval", meta["eval_before"])),
-      wall_before=meta.get("wall_seconds", 0.0))
+      wall_before=meta.get("wall_seconds", 0.0),
+      auto=(AutoReplayState.from_dict(meta["auto_replay"]) if "auto_replay" in meta
+            else fresh.auto))
   run.log(f"resumed from {run.manager.directory} at step {carry.step}")
   return carry

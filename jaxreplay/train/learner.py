@@ -40,12 +40,16 @@ class LearnerFns(NamedTuple):
       sampler can draw at ``version`` — the learner may draw (``make_ready``; a host bool).
     drift: ``(params, buffer, key, version: int32 scalar) -> dict of scalars``: the drift
       monitor's pass (``drift.make_drift_fn``), or None when ``drift.every = 0``.
+    noise: ``(params, buffer, key, version: int32 scalar) -> rl.noise.NoiseEstimate``: the
+      self-tuning controller's noise estimate on a buffer sample
+      (``rl.noise.make_buffer_noise_fn``), or None when ``auto_replay.enabled`` is False.
   """
 
   insert: Callable
   learner_step: Callable
   ready: Callable[..., bool]
   drift: Callable | None
+  noise: Callable | None = None
 
 
 def make_learner_step(train_step, rb: replay.ReplayBuffer,
