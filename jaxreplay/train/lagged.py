@@ -12,6 +12,10 @@ Each learner step t (Arnal et al. 2026, §4):
             against the stored behaviour log-probs), fused in one jitted call;
   RECORD    ledger, metrics, evaluation, checkpoint.
 
+With ``auto_replay.enabled`` the self-tuning controller (``self_tuning``) estimates the
+buffer's noise between INSERT and UPDATE every ``auto_replay.every`` steps, decides in
+RECORD, and the next step runs with its R and age cut-off.
+
 ``sync`` is lag 0 (the paper's theory model: generate with the current policy, then
 train); ``simulated_async`` with ``train.lag = L`` gives the staleness of an
 asynchronous system bit-reproducibly. The ring of the last ``lag`` parameter snapshots is
@@ -28,6 +32,7 @@ from tqdm import tqdm
 
 from jaxreplay.parallel import multihost
 from jaxreplay.train import generation
+from jaxreplay.train import self_tuning
 from jaxreplay.train.carry import Carry
 from jaxreplay.train.ledger import Ledger
 from jaxreplay.train.record import record_step
@@ -112,6 +117,8 @@ def train_lagged(run, carry: Carry) -> Carry:
   """
   bar = tqdm(range(carry.step, run.train.steps), initial=carry.step, total=run.train.steps,
              disable=not run.progress, dynamic_ncols=True)
+  run = self_tuning.apply(run, carry.auto)  # a resumed run: the controller's R and cut-off
+  self_tuning.log_state(run, carry.auto)
   for step in bar:
     key_gen, key_sample = jax.random.split(jax.random.fold_in(carry.key, step))
     t0 = time.time()
@@ -119,6 +126,9 @@ def train_lagged(run, carry: Carry) -> Carry:
     # --- GENERATE with the policy of version t − lag, then INSERT --------------------------
     carry, gen_metrics = generate_and_insert(run, carry, step, key_gen)
     t1 = time.time()
+    # self-tuning: the noise of the buffer the learner is about to draw from (timed apart)
+    noise = self_tuning.estimate(run, carry, step) if self_tuning.due(run, step) else None
+    t1n = time.time()
     ring = advance_ring(carry.ring, carry.state.params)  # versions t − lag + 1 .. t
 
     # --- SAMPLE + UPDATE -------------------------------------------------------------------
@@ -126,11 +136,12 @@ def train_lagged(run, carry: Carry) -> Carry:
     metrics = multihost.to_host(metrics)  # gathered across processes when sharded
     t2 = time.time()
 
-    # --- RECORD ----------------------------------------------------------------------------
+    # --- RECORD (and the controller's decision) --------------------------------------------
     timers = carry.timers.replace(generate_s=carry.timers.generate_s + t1 - t0,
-                                  train_s=carry.timers.train_s + t2 - t1)
+                                  train_s=carry.timers.train_s + t2 - t1n)
     carry = carry.replace(state=state, buffer=buffer, ring=ring, timers=timers, step=step + 1)
-    carry = record_step(run, carry, metrics, gen_metrics)
+    carry = record_step(run, carry, metrics, gen_metrics, self_tuning.step_metrics(run), noise)
+    run = self_tuning.apply(run, carry.auto)  # the next step's R and age cut-off
     bar.set_postfix(reward=f"{gen_metrics['reward']:.2f}",
                     acc=f"{carry.last_eval['acc_sampled']:.2f}", refresh=False)
   bar.close()

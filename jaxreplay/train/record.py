@@ -16,6 +16,7 @@ from jaxreplay.parallel import multihost
 from jaxreplay.train import accounting
 from jaxreplay.train import carry as carry_lib
 from jaxreplay.train import checkpoint as ckpt_lib
+from jaxreplay.train import self_tuning
 from jaxreplay.train.carry import Carry
 from jaxreplay.train.ledger import Ledger
 
@@ -41,7 +42,7 @@ def learner_ledger(metrics: dict, batch_size: int) -> tuple[Ledger, dict]:
 
 
 def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
-                extra: dict | None = None) -> Carry:
+                extra: dict | None = None, noise=None) -> Carry:
   """Books learner step ``carry.step`` (steps completed, counting this one).
 
   Adds the learner's ledger increment, stops a run of non-finite updates, writes one
@@ -54,9 +55,13 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
     metrics: the learner step's metrics (host values). gen_metrics: generation metrics of
       the rollouts inserted for this step (host floats; may be empty in ``async``).
     extra: further record entries (``async``: limiter counters).
+    noise: (host ``rl.noise.NoiseEstimate``, seconds) of this step's self-tuning estimate
+      (``self_tuning.estimate``), or None: with one, the controller decides on it and the
+      ledger through this step (``self_tuning.decide``) before the record and checkpoint.
 
   Returns:
-    The carry with the ledger, timers, evaluation, best checkpoint and skip count updated.
+    The carry with the ledger, timers, evaluation, best checkpoint, skip count and (with
+    ``noise``) the controller's state updated.
 
   Raises:
     RuntimeError: ``algo.max_consecutive_skips`` non-finite updates in a row; a batch that
@@ -82,6 +87,14 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
             **(extra or {}),
             # deterministic in the lagged strategy; the time-based μ, γ are in the summary
             **{k: v for k, v in derived.items() if k.endswith("_flops")}}
+  auto = carry.auto
+  if noise is not None:
+    auto, auto_metrics = self_tuning.decide(run, auto, done, noise[0], counts,
+                                            timers.as_dict())
+    record.update(auto_metrics)
+    record["auto/estimate_s"] = noise[1]
+    if auto_metrics["auto/changed"]:
+      run.log(self_tuning.describe(auto.log[-1]))
   last_eval, best = carry.last_eval, carry.best
   if (run.eval.every and done % run.eval.every == 0) or done == steps:
     t0 = time.time()
@@ -97,7 +110,7 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
         jnp.int32(done))).items()})
   run.writer.write(done, record)
   carry = carry.replace(ledger=ledger, timers=timers, last_eval=last_eval, best=best,
-                        skips=skips)
+                        skips=skips, auto=auto)
   if run.checkpoint.every and (done % run.checkpoint.every == 0 or done == steps):
     carry_lib.save(run, carry)
   return carry
