@@ -273,7 +273,8 @@ def _check_eligible_supply(c: RunConfig) -> None:
   freshest correct ones: with fewer than B of the former, the batch waits on correct
   rollouts a weak policy may never produce. ``async`` has no fixed lag: its learner waits
   for B drawable items, which never come when the age cut-off is below the weight-sync
-  interval minus one (the newest weights the generator can hold are that old).
+  interval (the generator's weights are up to that interval minus one old when a round
+  starts, and the learner moves on while the round is generated and queued).
   """
   mode, buf = c.train.mode, c.buffer
   b, r, n = c.train.batch_size, c.rollout.per_step, buf.capacity
@@ -287,9 +288,12 @@ def _check_eligible_supply(c: RunConfig) -> None:
             "or lower buffer.positive_bias_delta")
   if mode == "async":
     wse = c.train.weight_sync_every
-    if s is not None and s < wse - 1:
-      _fail("buffer.max_staleness", s, f"must be >= train.weight_sync_every - 1 = {wse - 1} in "
-            "train.mode='async': fresh rollouts are up to that many versions old")
+    if s is not None and s < wse:
+      _fail("buffer.max_staleness", s, f"must be >= train.weight_sync_every = {wse} in "
+            "train.mode='async': the generator's weights are up to weight_sync_every - 1 "
+            "versions old when a round starts and the learner moves on while it is generated "
+            "and queued, so a tighter cut-off can evict every round before its first draw "
+            "(both sides then wait for ever)")
     return
   lag = c.train.policy_lag
   if s is not None and min(n, (s - lag + 1) * r) < b:
@@ -313,7 +317,7 @@ def _check_split(c: RunConfig, device_count: int, process_count: int) -> None:
     _fail("mesh.generator_devices", w, f"needs train.mode='async' (the generator and the "
           f"learner run at once), not {c.train.mode!r}; or set it to 0")
   if w >= local:
-    _fail("mesh.generator_devices", w, f"must be below the {local} devices of each process "
+    _fail("mesh.generator_devices", w, f"must be below the {local} device(s) of each process "
           "(the learner needs at least one)")
   if (w * process_count) % c.mesh.generator_tensor:
     _fail("mesh.generator_tensor", c.mesh.generator_tensor,

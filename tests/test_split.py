@@ -273,7 +273,7 @@ def test_two_processes_split_generator_and_learner(split_run, tmp_path):
 
 @pytest.mark.parametrize("change, match", [
     (dict(mode="sync"), r"mesh.generator_devices=4 .*needs train.mode='async'"),
-    (dict(w=8), r"mesh.generator_devices=8 .*below the 8 devices of each process"),
+    (dict(w=8), r"mesh.generator_devices=8 .*below the 8 device\(s\) of each process"),
     (dict(tensor=3), r"mesh.generator_tensor=3 .*divide the 4 generator devices"),
     (dict(rescore=True), r"rollout.behaviour_logprobs='learner' .*must be 'sampler'"),
     (dict(kl=True), r"algo.kl_mode='reward' .*use algo.kl_mode='loss'"),

@@ -226,17 +226,19 @@ def test_eviction_rules_that_keep_a_batch_are_accepted(tmp_path):
 
 def test_positive_bias_and_async_age_cutoffs_that_starve_the_batch_are_rejected(tmp_path):
   """round((1 − 0.5)·40) = 20 freshest items of any kind < B = 32: the batch would wait on
-  correct rollouts; in async, fresh rollouts are up to weight_sync_every − 1 = 3 versions
-  old, so max_staleness = 1 can leave nothing to draw."""
+  correct rollouts; in async, a round starts with weights up to weight_sync_every − 1 = 3
+  versions old and ages while it is generated and queued: max_staleness below
+  weight_sync_every = 4 can evict every round (at 3, runs waited for ever)."""
   with pytest.raises(ConfigError, match=r"buffer.positive_bias_size=40.*= 20.*batch_size=32"):
     validate(tiny_config(tmp_path, tmp_path, **{"buffer.sampler": "positive_bias",
                                                 "buffer.positive_bias_size": 40}))
   validate(tiny_config(tmp_path, tmp_path, **{"buffer.sampler": "positive_bias",
                                               "buffer.positive_bias_size": 64}))
-  with pytest.raises(ConfigError, match=r"buffer.max_staleness=1.*weight_sync_every - 1 = 3"):
-    validate(tiny_config(tmp_path, tmp_path, **{"train.mode": "async",
-                                                "train.weight_sync_every": 4,
-                                                "buffer.max_staleness": 1}))
+  for s in (1, 3):
+    with pytest.raises(ConfigError, match=rf"buffer.max_staleness={s}.*weight_sync_every = 4"):
+      validate(tiny_config(tmp_path, tmp_path, **{"train.mode": "async",
+                                                  "train.weight_sync_every": 4,
+                                                  "buffer.max_staleness": s}))
   validate(tiny_config(tmp_path, tmp_path, **{"train.mode": "async",
                                               "train.weight_sync_every": 4,
-                                              "buffer.max_staleness": 3}))
+                                              "buffer.max_staleness": 4}))

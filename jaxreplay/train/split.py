@@ -257,8 +257,10 @@ def train_split(run, carry: Carry) -> Carry:
 
   Each step: insert the finished rounds every process holds, wait (polling) until the rate
   limiter and the buffer allow a batch, run the learner step, publish the weights to the
-  generator every ``train.weight_sync_every`` steps, record the step. The generator is
-  stopped on every exit path; rounds it had queued or was generating are counted as lost.
+  generator every ``train.weight_sync_every`` steps, record the step. Before the last step's
+  record (and checkpoint) the generator is stopped and the rounds it had queued or was
+  generating are counted as lost, so a resumed run's ledger keeps them; an exception stops it
+  too.
 
   Args:
     run: the ``build.Run`` (with ``generator_mesh`` and ``weight_sync``). carry: the start.
@@ -303,6 +305,14 @@ def train_split(run, carry: Carry) -> Carry:
         gen.cond.notify_all()
         gen_busy, gen_wait, swaps = gen.busy_s, gen.wait_s, gen.swaps
 
+      # --- STOP the generator before the last record, so the final checkpoint counts what it
+      # had queued or in flight (a resumed run regenerates those prompts) -------------------
+      if step + 1 == train.steps:
+        if not gen.stop():
+          run.log("actor–learner split: the generator thread did not stop in time (left as a "
+                  "daemon)")
+        carry = carry.replace(ledger=carry.ledger + _lost(gen))
+
       # --- RECORD ----------------------------------------------------------------------------
       wall = max(time.time() - t_start, 1e-9)
       timers = carry.timers.replace(generate_s=t0.generate_s + gen_busy,
@@ -325,7 +335,14 @@ def train_split(run, carry: Carry) -> Carry:
     bar.close()
     if not gen.stop():
       run.log("actor–learner split: the generator thread did not stop in time (left as a daemon)")
+  return carry
+
+
+def _lost(gen: Generator) -> Ledger:
+  """The ledger of what the stopped generator produced but the learner never inserted: the
+  queued rounds' cost, and their rollouts plus an abandoned round's as lost."""
   with gen.cond:
     lost = sum(p.ledger.generated_rollouts for _, p in gen.queue) + gen.abandoned_rollouts
     spent = sum((p.ledger for _, p in gen.queue), Ledger())
-  return carry.replace(ledger=carry.ledger + spent.replace(lost_in_flight_rollouts=lost))
+    gen.queue, gen.abandoned_rollouts = [], 0
+  return spent.replace(lost_in_flight_rollouts=lost)
