@@ -31,6 +31,7 @@ def main(argv) -> None:
   if settings is not None:  # before any other JAX call (launch/: TPU pods, SLURM, local)
     from jaxreplay.parallel import multihost
     multihost.initialize(**settings)
+  from jaxreplay.train.actor_learner import NoBatchError
   from jaxreplay.train.checkpoint import CheckpointReadError
   from jaxreplay.train.loop import run  # after flag parsing: keeps --help fast
   try:
@@ -38,6 +39,8 @@ def main(argv) -> None:
   except ConfigError as e:  # a bad config fails before any compute, without a traceback
     raise SystemExit(f"jaxreplay: {e}") from None
   except CheckpointReadError as e:  # the machine or the storage failed: nothing was moved
+    raise SystemExit(f"jaxreplay: {e}") from None
+  except NoBatchError as e:  # async: the buffer never offered a batch; the last checkpoint stays
     raise SystemExit(f"jaxreplay: {e}") from None
   import jax
   if jax.process_index() != 0:  # process 0 reports for the job
@@ -48,6 +51,9 @@ def main(argv) -> None:
   print(f"held-out accuracy, greedy: {s['acc_greedy_before']:.3f} -> {s['acc_greedy_after']:.3f}")
   print(f"generated tokens: {s['generated_tokens']}  trained tokens: {s['trained_tokens']}  "
         f"rollouts: {s['generated_rollouts']}")
+  lost = s["ledger"].get("lost_in_flight_rollouts", 0)
+  if lost:
+    print(f"rollouts generated but never inserted (queued or in flight at the stop): {lost}")
   print(f"wall time: {s['wall_seconds'] / 60:.1f} min  "
         f"(generate {s['generate_s']:.0f}s, train {s['train_s']:.0f}s, eval {s['eval_s']:.0f}s)")
   print(f"checkpoints: {s['checkpoints']}\nbase policy: {s['base_policy']}")

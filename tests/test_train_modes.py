@@ -242,3 +242,30 @@ def test_positive_bias_and_async_age_cutoffs_that_starve_the_batch_are_rejected(
   validate(tiny_config(tmp_path, tmp_path, **{"train.mode": "async",
                                               "train.weight_sync_every": 4,
                                               "buffer.max_staleness": 4}))
+
+
+def test_a_stalled_async_run_stops_with_one_line(tmp_path):
+  """No batch within train.async_timeout_s: the command ends with one ``jaxreplay:`` line
+  naming the counters and what to check, not a traceback (the last checkpoint stays)."""
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  args = ["task.train_size=200", "task.heldout_size=40", "model.d_model=32", "model.n_layers=1",
+          "model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=16", "model.d_ff=64",
+          "warmstart.steps=2", "warmstart.batch_size=16", "rollout.per_step=16",
+          "rollout.group_size=4", "train.batch_size=16", "buffer.capacity=32",
+          "algo.warmup_steps=1", "train.steps=3", "train.mode=async",
+          "train.async_timeout_s=0.001", "eval.num_examples=4", "eval.samples_per_example=1",
+          "log.progress=False", "log.tensorboard=False", f"workdir={tmp_path / 'run'}",
+          f"warmstart.cache_dir={tmp_path / 'cache'}"]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = subprocess.run([sys.executable, "-m", "jaxreplay.main", "--config",
+                        os.path.join(root, "configs", "small.py"),
+                        *[f"--config.{a}" for a in args]],
+                       capture_output=True, text=True, timeout=300, cwd=root, env=env)
+  assert out.returncode == 1, out.stderr[-2000:]
+  assert "Traceback" not in out.stderr, out.stderr[-2000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("jaxreplay: async mode: no batch became available in 0 s"), last
+  assert "check buffer.max_staleness" in last

@@ -27,6 +27,11 @@ from jaxreplay.train.ledger import Ledger
 from jaxreplay.train.record import record_step
 
 
+class NoBatchError(RuntimeError):
+  """No batch became drawable within ``train.async_timeout_s`` in an ``async`` run: the run
+  stops, its last checkpoint kept (``jaxreplay.main`` prints the message as one line)."""
+
+
 def _copy(tree):
   """A fresh device copy of a pytree (survives donation of the original)."""
   return jax.tree.map(jnp.copy, tree)
@@ -122,7 +127,8 @@ class AsyncGenerator:
     eligible; returns seconds waited.
 
     Raises:
-      RuntimeError: the generator failed, or no sample was allowed for ``timeout_s``.
+      RuntimeError: the generator failed. NoBatchError: no sample was allowed for
+        ``timeout_s``.
     """
     t0 = time.time()
     while not (rate_lib.can_sample(self.limiter, self.limiter_state, self._b,
@@ -131,7 +137,7 @@ class AsyncGenerator:
       self._check()
       if time.time() - t0 > self._timeout:
         ready = self._ready is None or self._ready(self.buffer, self.learner_step)
-        raise RuntimeError(f"async mode: no batch became available in {self._timeout:.0f} s "
+        raise NoBatchError(f"async mode: no batch became available in {self._timeout:.0f} s "
                            f"(inserted={int(self.limiter_state.inserted)}, "
                            f"sampled={int(self.limiter_state.sampled)}, "
                            f"buffer size={int(self.buffer.size)}, enough drawable items: "

@@ -37,6 +37,7 @@ from jaxreplay.parallel import submesh
 from jaxreplay.replay import rate_limiter as rate_lib
 from jaxreplay.train import carry as carry_lib
 from jaxreplay.train import generation
+from jaxreplay.train.actor_learner import NoBatchError
 from jaxreplay.train.carry import Carry
 from jaxreplay.train.ledger import Ledger
 from jaxreplay.train.record import record_step
@@ -210,7 +211,8 @@ def _fill(run, gen: Generator, carry: Carry, deadline: float) -> tuple[Carry, li
     (carry with the rounds inserted, their generation metrics, seconds waited).
 
   Raises:
-    RuntimeError: a generator failed (on any process), or no batch before ``deadline``.
+    RuntimeError: a generator failed (on any process).
+    NoBatchError: no batch before ``deadline``.
   """
   b, pending, waited = run.train.batch_size, [], 0.0
   while True:
@@ -241,7 +243,7 @@ def _fill(run, gen: Generator, carry: Carry, deadline: float) -> tuple[Carry, li
         and run.fns.ready(buffer, carry.step)):
       return carry, pending, waited
     if time.time() > deadline:
-      raise RuntimeError(
+      raise NoBatchError(
           f"actor–learner split: no batch became available in {run.train.async_timeout_s:.0f} s "
           f"(inserted={_int(limiter.inserted)}, sampled={_int(limiter.sampled)}, buffer size="
           f"{size}; check buffer.max_staleness, buffer.max_times_sampled, buffer.sampler)")
@@ -269,7 +271,8 @@ def train_split(run, carry: Carry) -> Carry:
     The carry after the last step (timers include ``both_busy_s``).
 
   Raises:
-    RuntimeError: the generator failed, or no batch for ``train.async_timeout_s`` seconds.
+    RuntimeError: the generator failed.
+    NoBatchError: no batch for ``train.async_timeout_s`` seconds.
   """
   train, b = run.train, run.train.batch_size
   bar = tqdm(range(carry.step, train.steps), initial=carry.step, total=train.steps,
