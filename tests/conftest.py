@@ -38,3 +38,40 @@ def build(cfg, log=print):
   from jaxreplay import config as config_lib
   from jaxreplay.train import build as build_lib
   return build_lib.build(config_lib.validate(cfg), log)
+
+
+def run_processes(script: str, args: list, n: int = 2, devices: int = 2, env: dict | None = None,
+                  timeout_s: float = 600) -> list[str]:
+  """Runs ``tests/SCRIPT PROCESS_ID N PORT *ARGS`` as ``n`` local JAX processes (``devices``
+  fake CPU devices each, a free coordinator port) and waits for all of them.
+
+  Returns:
+    Each process's combined stdout and stderr.
+
+  Raises:
+    AssertionError: a process exited non-zero (its output's tail in the message).
+    subprocess.TimeoutExpired: a process ran past ``timeout_s`` (all are killed).
+  """
+  import socket
+  import subprocess
+  import sys
+  with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    port = str(sock.getsockname()[1])
+  here = os.path.dirname(os.path.abspath(__file__))
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             JAX_PLATFORMS="cpu", **(env or {}))
+  procs = [subprocess.Popen([sys.executable, os.path.join(here, script), str(i), str(n), port,
+                             *map(str, args)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for i in range(n)]
+  logs = []
+  for p in procs:
+    try:
+      logs.append(p.communicate(timeout=timeout_s)[0])
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      raise
+  for i, p in enumerate(procs):
+    assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
+  return logs

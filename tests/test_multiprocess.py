@@ -12,9 +12,6 @@ batch, and only process 0 may have written run files.
 import json
 import os
 import resource
-import socket
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -22,18 +19,11 @@ import pytest
 
 from jaxreplay import config as config_lib
 from jaxreplay.train import checkpoint as ckpt_lib
-from conftest import run
+from conftest import run, run_processes
 from jaxreplay.train.metrics import read_metrics, read_records
 from multiprocess_worker import tiny_config
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 pytestmark = pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 (fake) devices")
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -70,24 +60,9 @@ def runs(tmp_path_factory, cache):
   out = str(tmp_path_factory.mktemp("out"))
   # The persistent compilation cache lets each process's second run (the restore) reuse
   # the executables its first run compiled.
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=os.path.join(out, "jax_cache"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-  port = str(_free_port())
-  procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multiprocess_worker.py"),
-                             str(i), "2", port, two_dir, cache, out], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  logs = []
-  for p in procs:
-    try:
-      logs.append(p.communicate(timeout=600)[0])
-    except subprocess.TimeoutExpired:
-      for q in procs:
-        q.kill()
-      raise
-  for i, p in enumerate(procs):
-    assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
+  run_processes("multiprocess_worker.py", [two_dir, cache, out],
+                env={"JAX_COMPILATION_CACHE_DIR": os.path.join(out, "jax_cache"),
+                     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
   with np.load(os.path.join(out, "params.npz")) as z:
     two_params = dict(z)
   reports = []

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import restore, run
+from conftest import restore, run, run_processes
 from jaxreplay.models import Transformer, TransformerConfig
 from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.parallel import submesh
@@ -228,32 +228,10 @@ def test_split_run_resumes_the_learner_side_exactly(split_run):
 def test_two_processes_split_generator_and_learner(split_run, tmp_path):
   """2 processes × 2 fake devices, W = 2, T = 2 (one of each per process): the same checks
   as the one-process run, and an exact restore of the learner side (tests/split_worker.py)."""
-  import os
-  import socket
-  import subprocess
-  import sys
   import json
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = str(s.getsockname()[1])
-  here = os.path.dirname(os.path.abspath(__file__))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             JAX_PLATFORMS="cpu")
-  workdir, out = str(tmp_path / "run"), str(tmp_path)
-  procs = [subprocess.Popen([sys.executable, os.path.join(here, "split_worker.py"), str(i), "2",
-                             port, workdir, split_run["cache"], out], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  logs = []
-  for p in procs:
-    try:
-      logs.append(p.communicate(timeout=600)[0])
-    except subprocess.TimeoutExpired:
-      for q in procs:
-        q.kill()
-      raise
-  for i, p in enumerate(procs):
-    assert p.returncode == 0, f"process {i} failed:\n{logs[i][-4000:]}"
+  import os
+  out = str(tmp_path)
+  run_processes("split_worker.py", [str(tmp_path / "run"), split_run["cache"], out])
   reports = []
   for i in range(2):
     with open(os.path.join(out, f"process_{i}.json")) as f:
