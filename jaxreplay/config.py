@@ -401,6 +401,9 @@ def check_combinations(c: RunConfig, device_count: int, process_count: int) -> N
   if c.task.chat_template and c.model.source == "builtin":
     _fail("task.chat_template", True, "needs model.source='hf' or 'gguf' (a checkpoint with a "
           "chat template)")
+  if c.train.max_generated_rollouts and c.train.mode == "async":
+    _fail("train.max_generated_rollouts", c.train.max_generated_rollouts,
+          "(a generation budget) needs train.mode 'sync' or 'simulated_async'; or set it to 0")
   if c.train.mode == "async":
     rl = c.rate_limiter.settings(b, r)
     if rl["min_size_to_sample"] > c.buffer.capacity:

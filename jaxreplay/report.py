@@ -588,18 +588,30 @@ def write_report(sweep: dict, workdir: str, command: str) -> list[str]:
   one object each. Settings read from ``sweep['report']``: ``reference`` (default the first
   configuration), ``paper_mu`` (5.3), ``theory`` (list of dicts ``rho``, ``alpha``),
   ``claims`` (list of claim specs, see ``evaluate_claim``), ``title``, ``target_last`` (K,
-  default 1: a run's final accuracy is the mean of its last K evaluations).
+  default 1: a run's final accuracy is the mean of its last K evaluations). With
+  ``kind = "regime_map"`` the sweep is a regime map instead (``jaxreplay.regime_map``): its
+  "Where replay pays" section is spliced into the page and the rest left as it is; the
+  single-regime report keeps that section when it rewrites the page.
   """
   rep = sweep.get("report", {}) or {}
   target = rep.get("results_md") or os.path.join(workdir, "results.md")
   if storage.is_remote(target):  # written locally, then each file uploaded whole
     with tempfile.TemporaryDirectory() as tmp:
-      local = _write_report(sweep, workdir, command, os.path.join(tmp, os.path.basename(target)))
+      local = _write_any(sweep, workdir, command, os.path.join(tmp, os.path.basename(target)))
       urls = [target.rsplit("/", 1)[0] + "/" + os.path.relpath(p, tmp) for p in local]
       for p, url in zip(local, urls):
         storage.upload(p, url)
       return urls
-  return _write_report(sweep, workdir, command, os.path.abspath(target))
+  return _write_any(sweep, workdir, command, os.path.abspath(target))
+
+
+def _write_any(sweep: dict, workdir: str, command: str, md_path: str) -> list[str]:
+  """The regime map (``report.kind = "regime_map"``, ``jaxreplay.regime_map``: one section
+  spliced into the page) or the single-regime report (the whole page)."""
+  if (sweep.get("report") or {}).get("kind") == "regime_map":
+    from jaxreplay import regime_map
+    return regime_map.write_map(sweep, workdir, md_path)
+  return _write_report(sweep, workdir, command, md_path)
 
 
 def _write_report(sweep: dict, workdir: str, command: str, md_path: str) -> list[str]:
@@ -775,11 +787,25 @@ def _write_report(sweep: dict, workdir: str, command: str, md_path: str) -> list
     n, crit = best
     L += [f"Best configuration found: `{n}` (x = {fmt(nom[n]['x'], 2)}, y = "
           f"{fmt(nom[n]['y'], 2)}, {nom[n]['mode']}) — {crit}.", ""]
-  _write(md_path, L)
+  _write(md_path, _keep_map(md_path, L))
   readme = readme_beside(md_path)
   if readme:
     write_readme_headline(readme, md_path)
   return paths
+
+
+def _keep_map(md_path: str, lines: list[str]) -> list[str]:
+  """``lines`` with the regime map's section of the page now at ``md_path`` (if any)
+  spliced in before the first ``## `` heading: a regime-map sweep wrote it."""
+  from jaxreplay import regime_map
+  try:
+    with open(md_path) as f:
+      block = regime_map.map_block(f.read())
+  except OSError:
+    return lines
+  if not block:
+    return lines
+  return regime_map.splice_map("\n".join(lines), block).splitlines()
 
 
 def _best(an: Analysis, names: list[str]) -> tuple[str, str] | None:

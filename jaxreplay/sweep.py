@@ -25,7 +25,8 @@ goes to ``WORKDIR/NAME/seedK/sweep.log``. All runs share one base-policy cache, 
 of a seed reuse that seed's warm-started policy (the cache key includes the seed; a
 configuration that overrides a field of the key trains its own, and the sweep says so).
 
-Resuming: a run whose ``summary.json`` says ``steps`` == its configured ``train.steps`` is
+Resuming: a run whose ``summary.json`` says ``steps`` == its configured ``train.steps`` (and
+that it ran them all or spent its generation budget, ``train.max_generated_rollouts``) is
 skipped; any other run is launched with its same command, and the trainer resumes from the
 last checkpoint in its directory. Interrupt the sweep at any point and start it again.
 A failed run is reported and the grid goes on; the exit status is then 1.
@@ -215,10 +216,13 @@ def resolved_config(sweep: dict, run: Run, workdir: str):
 
 
 def finished(run: Run, steps: int) -> bool:
-  """Whether ``run``'s directory holds a summary of a run with ``steps`` learner steps."""
+  """Whether ``run``'s directory holds a summary of a run with ``steps`` learner steps that
+  ran them all or spent its generation budget (``train.max_generated_rollouts``)."""
   try:
     summary = json.loads(storage.read_text(os.path.join(run.workdir, "summary.json")))
-    return int(summary.get("steps", -1)) == int(steps)
+    return (int(summary.get("steps", -1)) == int(steps)
+            and (int(summary.get("steps_done", steps)) >= int(steps)
+                 or bool(summary.get("budget_reached", False))))
   except (OSError, ValueError):
     return False
 

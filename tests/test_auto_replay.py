@@ -130,3 +130,31 @@ def test_controller_sets_r_and_cutoff_and_resumes_exactly(tmp_path, fixed_estima
   assert recs[-1]["generated_rollouts"] - recs[3]["generated_rollouts"] == 32
   final = auto.AutoReplayState.from_dict(_meta(wd)["auto_replay"])
   assert final.num_estimates == 3 and final.last_step == 6 and final.log == state.log
+
+
+def test_generation_budget_ends_the_run_and_a_resume_keeps_it(tmp_path, fixed_estimates):
+  """``train.max_generated_rollouts``: the run ends after the step whose generation spends
+  the budget (evaluated and checkpointed there), a resume does not train past it, and a
+  larger budget continues the same run."""
+  cache, wd = tmp_path / "cache", tmp_path / "run"
+  c = tiny_config(wd, cache, steps=6)
+  c.train.max_generated_rollouts = 40
+  summary = run(c)
+  recs = [r for r in read_metrics(wd) if "staleness_hist" in r]
+  # generated 16, 24, 40 after steps 1, 2, 3 (R = 8, then 16 from the decision at step 2)
+  assert [r["generated_rollouts"] for r in recs] == [16, 24, 40]
+  assert "eval/acc_sampled" in recs[-1] and "eval/acc_sampled" not in recs[1]
+  assert (summary["steps"], summary["steps_done"], summary["budget_reached"]) == (6, 3, True)
+  logs = []
+  summary = run(c, log=logs.append)
+  assert any("spent its generation budget at step 3" in str(m) for m in logs)
+  assert summary["steps_done"] == 3 and len([r for r in read_metrics(wd)
+                                              if "staleness_hist" in r]) == 3
+  c.train.max_generated_rollouts = 56
+  summary = run(c)
+  assert (summary["steps_done"], summary["generated_rollouts"]) == (4, 56)
+  c.train.mode = "async"
+  c.auto_replay.enabled = False
+  with pytest.raises(ConfigError, match=r"^config\.train\.max_generated_rollouts=56 is invalid: "
+                                        r"\(a generation budget\) needs train\.mode 'sync'"):
+    validate(c)

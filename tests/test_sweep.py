@@ -264,3 +264,16 @@ def test_a_moved_sweep_reports_into_its_own_directory(tmp_path):
   assert sweep.results_path(s, own, "runs/sweep_x", False) == "docs/results.md"
   s2 = {"workdir": "runs/sweep_x", "report": {"results_md": ""}}
   assert sweep.results_path(s2, own, None, True) == os.path.join(own, "results.md")
+
+
+def test_a_run_that_spent_its_generation_budget_is_finished(tmp_path):
+  r = sweep.Run(name="auto", family="auto", seed=0, overrides={}, workdir=str(tmp_path))
+  path = tmp_path / "summary.json"
+  assert not sweep.finished(r, 960)
+  for summary, done in [({"steps": 960, "steps_done": 500, "budget_reached": True}, True),
+                        ({"steps": 960, "steps_done": 500, "budget_reached": False}, False),
+                        ({"steps": 960, "steps_done": 960, "budget_reached": False}, True),
+                        ({"steps": 960}, True),  # a summary written before the budget existed
+                        ({"steps": 480, "steps_done": 480}, False)]:
+    path.write_text(json.dumps(summary))
+    assert sweep.finished(r, 960) is done, summary

@@ -103,7 +103,8 @@ def generate_and_insert(run, carry: Carry, step: int, key) -> tuple[Carry, dict]
 
 
 def train_lagged(run, carry: Carry) -> Carry:
-  """Learner steps ``carry.step .. train.steps − 1`` of the lagged strategy.
+  """Learner steps ``carry.step .. train.steps − 1`` of the lagged strategy, or until the
+  step at which the generation budget ``train.max_generated_rollouts`` is spent.
 
   Args:
     run: the ``build.Run`` (``run.lag`` is the version lag). carry: the starting carry.
@@ -120,6 +121,8 @@ def train_lagged(run, carry: Carry) -> Carry:
   run = self_tuning.apply(run, carry.auto)  # a resumed run: the controller's R and cut-off
   self_tuning.log_state(run, carry.auto)
   for step in bar:
+    if run.train.budget_reached(carry.ledger.generated_rollouts):
+      break  # the generation budget is spent (train.max_generated_rollouts)
     key_gen, key_sample = jax.random.split(jax.random.fold_in(carry.key, step))
     t0 = time.time()
 

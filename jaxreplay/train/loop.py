@@ -45,6 +45,9 @@ def run(config: RunConfig, log=print) -> dict:
   if carry.step >= job.train.steps:
     log(f"the run in {job.workdir} is complete at step {carry.step}; raise "
         "--config.train.steps to continue it")
+  elif job.train.budget_reached(carry.ledger.generated_rollouts):
+    log(f"the run in {job.workdir} spent its generation budget at step {carry.step}; raise "
+        "--config.train.max_generated_rollouts to continue it")
   strategy = (train_split if job.generator_mesh is not None
               else train_async if job.is_async else train_lagged)
   carry = strategy(job, carry)
@@ -85,7 +88,8 @@ def finish(job: Run, carry: Carry) -> dict:
 
   Returns:
     The summary: held-out accuracy before and after, generated / trained tokens and
-    rollouts, wall time and phase timers, the ledger with the derived μ, W/T, γ and the
+    rollouts, configured and completed learner steps (``steps``, ``steps_done``) and
+    whether the generation budget ended the run (``budget_reached``), wall time and phase timers, the ledger with the derived μ, W/T, γ and the
     items still unused in the buffer, the last evaluation, checkpoint paths.
   """
   job.manager.wait_until_finished()
@@ -103,6 +107,8 @@ def finish(job: Run, carry: Carry) -> dict:
       "acc_greedy_after": final["acc_greedy"], "acc_sampled_after": final["acc_sampled"],
       "generated_tokens": counts["generated_tokens"], "trained_tokens": counts["trained_tokens"],
       "generated_rollouts": counts["generated_rollouts"], "steps": job.train.steps,
+      "steps_done": carry.step,
+      "budget_reached": job.train.budget_reached(counts["generated_rollouts"]),
       "wall_seconds": carry.wall_before + time.time() - job.t_start,
       "base_policy": job.base_info["path"], "mode": job.train.mode, **timers,
       "ledger": ledger, "eval_after": final,

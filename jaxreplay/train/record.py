@@ -74,6 +74,7 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
                        "enough eligible items (learner.make_ready)")
   inc, metrics = learner_ledger(metrics, run.train.batch_size)
   ledger = carry.ledger + inc
+  last = done == steps or run.train.budget_reached(ledger.generated_rollouts)
   skips = carry.skips + 1 if metrics["skipped_update"] else 0
   if skips >= run.max_consecutive_skips:
     raise RuntimeError(f"{skips} consecutive non-finite updates at step {done - 1}; "
@@ -96,7 +97,7 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
     if auto_metrics["auto/changed"]:
       run.log(self_tuning.describe(auto.log[-1]))
   last_eval, best = carry.last_eval, carry.best
-  if (run.eval.every and done % run.eval.every == 0) or done == steps:
+  if (run.eval.every and done % run.eval.every == 0) or last:
     t0 = time.time()
     last_eval = run.evaluate(carry.state.params,
                              key=jax.random.fold_in(carry_lib.eval_key(carry), done))
@@ -111,6 +112,6 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
   run.writer.write(done, record)
   carry = carry.replace(ledger=ledger, timers=timers, last_eval=last_eval, best=best,
                         skips=skips, auto=auto)
-  if run.checkpoint.every and (done % run.checkpoint.every == 0 or done == steps):
+  if run.checkpoint.every and (done % run.checkpoint.every == 0 or last):
     carry_lib.save(run, carry)
   return carry

@@ -64,6 +64,10 @@ class TrainSpec(Spec):
     weight_sync_every: >= 1 learner steps between weight refreshes of the ``async``
       generator.
     async_timeout_s: > 0 seconds the ``async`` learner waits for a batch before it fails.
+    max_generated_rollouts: >= 0 generation budget in rollouts (0: none): the run ends after
+      the first learner step at which the ledger's ``generated_rollouts`` reach it, or at
+      ``steps``, whichever comes first — equal-generation comparisons of runs whose R
+      changes (``auto_replay``). The lagged strategy only (``sync``, ``simulated_async``).
   """
 
   SECTION: ClassVar[str] = "train"
@@ -74,6 +78,12 @@ class TrainSpec(Spec):
   lag: int = field(1, ge=0)
   weight_sync_every: int = field(1, ge=1)
   async_timeout_s: float = field(600.0, gt=0)
+  max_generated_rollouts: int = field(0, ge=0)
+
+  def budget_reached(self, generated_rollouts: int) -> bool:
+    """Whether ``generated_rollouts`` (the ledger's count) exhaust the generation budget
+    ``max_generated_rollouts`` (never when it is 0)."""
+    return 0 < self.max_generated_rollouts <= int(generated_rollouts)
 
   @property
   def policy_lag(self) -> int:
