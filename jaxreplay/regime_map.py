@@ -107,6 +107,7 @@ class Regime:
     analysis: ``report.Analysis`` against its on-policy configuration, or None without one.
     constants: [per-seed ``run_constants``] of its ``auto`` runs.
     design: the theory's (x*, y*) at the median constants (NaNs when unknown).
+    seed_designs: [(x*, y*)] at each self-tuning run's own constants.
   """
 
   def __init__(self, name: str, configs: list[dict], runs: dict, x_bounds, y_bounds,
@@ -127,6 +128,8 @@ class Regime:
            for k in ("mu", "alpha", "rho")}
     self.median = med
     self.design = theory_design(med["mu"], med["alpha"], med["rho"], x_bounds, y_bounds)
+    self.seed_designs = [theory_design(c["mu"], c["alpha"], c["rho"], x_bounds, y_bounds)
+                         for c in self.constants]
 
   def pct(self, name: str) -> list[float]:
     """Per-seed generated tokens to on-policy's final accuracy, % of on-policy's."""
@@ -177,8 +180,10 @@ class Regime:
     return ("yes" if ratio <= AUTO_TOLERANCE + 1e-9 else "no"), ratio
 
   def controller(self) -> dict[str, Any]:
-    """The self-tuning runs' last knobs and number of changes (per seed lists)."""
-    out = {"R": [], "max_staleness": [], "changes": [], "y": [], "x": []}
+    """The self-tuning runs' last knobs, number of changes, seconds spent estimating and
+    seconds of generation + training + evaluation + estimation (per seed lists)."""
+    out = {"R": [], "max_staleness": [], "changes": [], "y": [], "x": [], "estimate_s": [],
+           "wall_s": []}
     for n in self.by_role["auto"]:
       for r in self.runs[n]:
         recs = [e for e in r.records if "auto/R" in e]
@@ -193,6 +198,9 @@ class Regime:
         out["y"].append(b / R)
         out["x"].append(s + 1 if s >= 0 else r.cfg("buffer.capacity", 0) / R)
         out["changes"].append(sum(int(e.get("auto/changed", 0)) for e in r.records))
+        out["estimate_s"].append(sum(e.get("auto/estimate_s", 0.0) for e in r.records))
+        out["wall_s"].append(sum(last.get(k, 0.0) for k in ("generate_s", "train_s", "eval_s"))
+                             + out["estimate_s"][-1])
     return out
 
 
@@ -256,8 +264,9 @@ def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[s
        f"{len(sweep['seeds'])} seeds; per regime on-policy, two fixed FIFO buffers and the "
        "self-tuning buffer at one generation budget). μ, α, ρ: median [IQR] over the "
        "self-tuning runs' seeds (μ from phase times; α, ρ the median of each run's buffer "
-       "estimates, `rl.noise`). Theory: `theory.power_law_design_bounded` at the median "
-       "constants within the sweep's bounds. Tokens: generated tokens to reach the regime's "
+       "estimates, `rl.noise`; ρ is clipped to [0, 1] and α to ≥ 0 before the theory, as "
+       "the controller does). Theory: `theory.power_law_design_bounded` at the median "
+       "constants within the sweep's bounds, and its y* at each seed's own constants. Tokens: generated tokens to reach the regime's "
        "on-policy final accuracy (the mean of its last "
        f"{int((sweep.get('report') or {}).get('target_last', 1))} evaluation(s)), % of "
        "on-policy's, median [IQR] over seeds (k/n: seeds that reach it). \"Replay pays\": "
@@ -282,6 +291,7 @@ def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[s
     rows.append([
         g.name, fq(mu, 2), fq(al, 2), fq(rh, 2),
         f"({report.fmt(x, 2)}, {report.fmt(y, 2)})",
+        fq([d[1] for d in g.seed_designs], 2),
         f"`{best}` ({report.fmt(bx, 0)}, {report.fmt(by, 0)})" if best else "–",
         (f"{fq(g.pct(best), 0)} ({reach(best)})" if best else "–"),
         (f"{fq(g.pct(autos[0]), 0)} ({reach(autos[0])})" if autos else "–"),
@@ -289,7 +299,8 @@ def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[s
         _yes(None if g.replay_pays() is None or g.theory_says_replay() is None
              else g.replay_pays() == g.theory_says_replay(), "yes", "no"),
         f"{verdict} ({report.fmt(ratio, 2)}×)" if ratio == ratio else verdict])
-  L += report._table(["regime", "μ", "α", "ρ", "theory's (x*, y*)", "sweep's best (x, y)",
+  L += report._table(["regime", "μ", "α", "ρ", "theory's (x*, y*)", "y* per seed",
+                      "sweep's best (x, y)",
                       "best fixed: tokens, % of on-policy", "self-tuning: tokens, % of on-policy",
                       "replay pays", "theory matched", "self-tuning ≤ 110% of best fixed"],
                      rows) + [""]
@@ -325,9 +336,12 @@ def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[s
     k = g.controller()
     if not k["R"]:
       continue
-    rows.append([g.name, fq(k["R"], 0), fq(k["y"], 2), fq(k["x"], 1), fq(k["changes"], 0)])
+    share = [e / w if w else float("nan") for e, w in zip(k["estimate_s"], k["wall_s"])]
+    rows.append([g.name, fq(k["R"], 0), fq(k["y"], 2), fq(k["x"], 1), fq(k["changes"], 0),
+                 fq(k["estimate_s"], 0), fq(share, 2)])
   L += report._table(["regime", "R (rollouts per step)", "y = B/R", "x (steps kept)",
-                      "changes"], rows) + [""]
+                      "changes", "estimating (s)", "estimating, share of the run's phases"],
+                     rows) + [""]
   if figure:
     L += [f"![Held-out sampled accuracy against generated tokens, per regime]({figure})", ""]
   L += [MAP_END]

@@ -884,8 +884,9 @@ def headline_from_results(text: str) -> dict[str, Any]:
   Returns:
     A dict: ``title``, ``runs``, ``configurations``, ``seeds`` (counts), ``wall_min``,
     ``mu_time``, ``paper_mu``, ``target``, ``reference``, ``rows`` (one dict per
-    configuration of the headline table, its final sampled accuracy added as ``final``)
-    and ``best`` (the configuration the page names best).
+    configuration of the headline table, its final sampled accuracy added as ``final``),
+    ``best`` (the configuration the page names best) and ``map`` (``map_from_results``:
+    the regime map, or None).
 
   Raises:
     ValueError: a page without the expected lines or tables.
@@ -921,7 +922,32 @@ def headline_from_results(text: str) -> dict[str, Any]:
           "seeds": len(runs.group(3).split(",")), "wall_min": wall.group(1),
           "mu_time": mu.group(1), "paper_mu": mu.group(2), "reference": target.group(1),
           "target": target.group(2), "compute_cols": compute_cols, "rows": rows,
-          "best": best.group(1) if best else ""}
+          "best": best.group(1) if best else "", "map": map_from_results(text)}
+
+
+MAP_COLUMNS = ("regime", "μ", "α", "ρ", "theory's (x*, y*)", "sweep's best (x, y)",
+               "best fixed: tokens, % of on-policy", "self-tuning: tokens, % of on-policy",
+               "replay pays")
+
+
+def map_from_results(text: str) -> dict[str, Any] | None:
+  """The regime map's summary sentences, sweep line and table rows (``MAP_COLUMNS``) of a
+  results page, or None when the page has no map (``jaxreplay.regime_map``)."""
+  from jaxreplay import regime_map
+  block = regime_map.map_block(text)
+  if not block:
+    return None
+  summary = next((ln.strip("*") for ln in block if ln.startswith("**")), "")
+  sweep_line = next((ln for ln in block if ln.startswith("Sweep `")), "")
+  head = sweep_line.split(";")[0].removeprefix("Sweep ")
+  table = []
+  for ln in block:
+    if ln.startswith("|"):
+      table.append(ln)
+    elif table:
+      break
+  rows = [{k: r[k] for k in MAP_COLUMNS} for r in md_table(table)]
+  return {"summary": summary, "sweep": head, "rows": rows}
 
 
 def _median_cell(cell: str) -> float:
@@ -935,7 +961,9 @@ def render_headline(h: dict[str, Any]) -> list[str]:
 
   Rows: the reference and every configuration that reached the target in more than half
   of its seeds (a finite median); the others are named with how many seeds reached it.
-  "Replay" configurations are those with x = N/R > 1.
+  "Replay" configurations are those with x = N/R > 1. When the page has a regime map
+  (``map_from_results``), the block is the map — its two sentences and its table — and
+  the single-regime sweep's result in one sentence.
   """
   ref = h["reference"]
   rows = [r for r in h["rows"] if r["configuration"] == ref or
@@ -952,6 +980,17 @@ def render_headline(h: dict[str, Any]) -> list[str]:
     verdict_line = (f"**replay did not save generation**: the best replay configurations "
                     f"reached on-policy's final accuracy with **{best_pct:.0f}%** of its "
                     "generated tokens")
+  if h.get("map"):
+    m = h["map"]
+    L = [HEADLINE_NOTE, "", f"**Where replay pays**, {m['sweep']}: {m['summary']}", "",
+         "| " + " | ".join(MAP_COLUMNS) + " |", "|" + "---|" * len(MAP_COLUMNS)]
+    L += ["| " + " | ".join(r[k] for k in MAP_COLUMNS) + " |" for r in m["rows"]]
+    L += ["", f"{h['title']}: {h['configurations']} configurations × {h['seeds']} seeds at "
+          f"equal generation budgets ({h['runs']} runs, {h['wall_min']} min of run time in "
+          f"all). On-policy (`{ref}`) ends at held-out sampled accuracy **{h['target']}**; "
+          f"{verdict_line}; best configuration found: `{h['best']}` (measured μ = "
+          f"{h['mu_time']}).", "", HEADLINE_END]
+    return L
   L = [HEADLINE_NOTE, "",
        f"{h['title']}: {h['configurations']} configurations × {h['seeds']} seeds at equal "
        f"generation budgets ({h['runs']} runs, {h['wall_min']} min of run time in all). "

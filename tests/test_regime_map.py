@@ -119,7 +119,7 @@ def test_map_is_spliced_into_the_page_and_kept_by_the_single_regime_report(tmp_p
   assert paths[0] == str(md) and os.path.getsize(paths[1]) > 5000
   assert text.index("## Where replay pays") < text.index("## Figures") and "old" in text
   assert "| a | 1.00 [1.00, 1.00] | 0.25 [0.25, 0.25] | 0.10 [0.10, 0.10] | (1.00, 1.00) |" in text
-  assert "`a_fixed` (4, 2) | 50 [50, 50] (3/3) | 100 [100, 100] (3/3) | yes | no | no (2.00×)" \
+  assert "| (1.00, 1.00) | 1.00 [1.00, 1.00] | `a_fixed` (4, 2) | 50 [50, 50] (3/3) | 100 [100, 100] (3/3) | yes | no | no (2.00×)" \
       in text
   # the map again: replaced, not duplicated
   report.write_report({**s, "report": {**s["report"], "results_md": str(md)}}, str(tmp_path),

@@ -29,7 +29,8 @@ Per regime, at one generation budget (STEPS·B = 15,360 rollouts: on-policy's 24
                  constants the self-tuning runs measured in phase 1, rounded to the grid
                  R = B/y in multiples of G, x whole steps; B one more point;
   auto           the self-tuning buffer: starts at (x, y) = (4, 2), re-estimates α, ρ on
-                 the buffer every 20 learner steps (256 items, 128 projections), μ from
+                 the buffer every 25 learner steps (128 items, 32 projections: at 256 and
+                 128 one estimate took 16–25 s, as long as 20 learner steps), μ from
                  the ledger (seconds), and sets R in [B/4, B] and the age cut-off x in
                  [1, 8] steps inside a fixed capacity of 8B; it stops when its generation
                  budget is spent (``train.max_generated_rollouts``).
@@ -71,8 +72,8 @@ def auto() -> dict:
       "rollout.per_step": B // 2, "buffer.capacity": 8 * B, "buffer.max_staleness": 3,
       "train.steps": y_max * STEPS, "train.max_generated_rollouts": STEPS * B,
       "eval.every": 2 * EVAL_EVERY, "checkpoint.every": 4 * EVAL_EVERY,
-      "auto_replay.enabled": True, "auto_replay.every": 20, "auto_replay.warmup": 2,
-      "auto_replay.num_samples": 256, "auto_replay.num_projections": 128,
+      "auto_replay.enabled": True, "auto_replay.every": 25, "auto_replay.warmup": 2,
+      "auto_replay.num_samples": 128, "auto_replay.num_projections": 32,
       "auto_replay.x_min": 1.0, "auto_replay.x_max": 8.0,
       "auto_replay.y_min": 1.0, "auto_replay.y_max": float(y_max),
       "auto_replay.mu_source": "time",
