@@ -939,7 +939,7 @@ def map_from_results(text: str) -> dict[str, Any] | None:
     return None
   summary = next((ln.strip("*") for ln in block if ln.startswith("**")), "")
   sweep_line = next((ln for ln in block if ln.startswith("Sweep `")), "")
-  head = sweep_line.split(";")[0].removeprefix("Sweep ")
+  head = sweep_line.split(";")[0].removeprefix("Sweep ") + ")"  # "`file` (n regimes × k seeds)"
   table = []
   for ln in block:
     if ln.startswith("|"):

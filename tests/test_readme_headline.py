@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from jaxreplay import report
+from jaxreplay import regime_map, report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
@@ -56,34 +56,45 @@ def test_readme_block_is_rendered_from_results_md():
 def test_readme_headline_numbers_equal_results_md():
   block = report.readme_headline_block(read(README))
   res = read(RESULTS)
-  tables = results_tables()
   rows = table_rows(block)
   assert rows, "no table in the README's headline block"
   target = re.search(r"median over its seeds = \*\*([\d.]+)\*\*", res).group(1)
   text = "\n".join(block)
   assert f"**{target}**" in text
-  for row in rows:
-    name = row["configuration"].strip("`")
-    src = tables[name]
-    assert row["x = N/R"] == src["x = N/R"] and row["y = B/R"] == src["y = B/R"], name
-    assert row["final sampled accuracy, median [IQR]"] == src["final sampled"], name
-    assert row[f"generated tokens to reach {target}, % of on-policy"] == \
-        src["tokens to target, % of on-policy"], name
-    assert row["seeds that reach it"] == src["reached"], name
-    for col in [c for c in row if c.startswith("compute to reach it")]:
-      assert row[col] == src[col.replace("compute to reach it", "compute to target")], (name, col)
-  # every configuration the page lists is either a row or named with its seeds reaching
-  for name, src in tables.items():
-    if "reached" in src and not any(r["configuration"] == f"`{name}`" for r in rows):
-      assert f"`{name}` ({src['reached']})" in text, name
-  # the prose numbers: run counts, run time, μ
+  page_map = regime_map.map_block(res)
+  if page_map:
+    # the map: its two sentences and every row of its regime table, cell for cell
+    src = {r["regime"]: r for r in table_rows(page_map) if "μ" in r}
+    summary = next(ln for ln in page_map if ln.startswith("**")).strip("*")
+    assert summary in text
+    assert sorted(r["regime"] for r in rows) == sorted(src)
+    for row in rows:
+      assert row == {k: src[row["regime"]][k] for k in report.MAP_COLUMNS}, row["regime"]
+  else:
+    tables = results_tables()
+    for row in rows:
+      name = row["configuration"].strip("`")
+      src = tables[name]
+      assert row["x = N/R"] == src["x = N/R"] and row["y = B/R"] == src["y = B/R"], name
+      assert row["final sampled accuracy, median [IQR]"] == src["final sampled"], name
+      assert row[f"generated tokens to reach {target}, % of on-policy"] == \
+          src["tokens to target, % of on-policy"], name
+      assert row["seeds that reach it"] == src["reached"], name
+      for col in [c for c in row if c.startswith("compute to reach it")]:
+        assert row[col] == src[col.replace("compute to reach it", "compute to target")], (name,
+                                                                                       col)
+    # every configuration the page lists is either a row or named with its seeds reaching
+    for name, src in tables.items():
+      if "reached" in src and not any(r["configuration"] == f"`{name}`" for r in rows):
+        assert f"`{name}` ({src['reached']})" in text, name
+  # the single-regime sweep's prose numbers: run counts, run time, μ, best configuration
   head = re.search(r"- runs: (\d+) present of \d+ \((\d+) configurations × seeds ([^)]*)\)", res)
   assert f"{head.group(2)} configurations × {len(head.group(3).split(','))} seeds" in text
   assert f"({head.group(1)} runs, " in text
   wall = re.search(r"wall time \(summary\.json\): ([\d.]+) min", res).group(1)
   assert f"{wall} min of run time" in text
   mu = re.search(r"measured μ \(median over runs\): ([\d.]+) from phase times", res).group(1)
-  assert f"Measured μ = {mu}" in text
+  assert f"easured μ = {mu}" in text
   best = re.search(r"Best configuration found: `([^`]+)`", res).group(1)
   assert f"best configuration found: `{best}`" in text
 

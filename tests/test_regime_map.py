@@ -141,3 +141,28 @@ def test_a_configuration_without_regime_or_role_is_named(tmp_path):
   s["configurations"][1] = dict(name="a_fixed", regime="a", role="buffer")
   with pytest.raises(ValueError, match=r"'a_fixed'.*'role' in \('onpolicy', 'fixed', 'auto'\)"):
     regime_map.regimes_of(s, {})
+
+
+def test_readme_headline_becomes_the_map(tmp_path):
+  """A results page with a map gives the README's headline block as the map's two
+  sentences and its regime table, then the single-regime sweep in one sentence."""
+  s = _sweep(tmp_path)
+  md = tmp_path / "docs" / "results.md"
+  md.parent.mkdir()
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  page = open(os.path.join(root, "docs", "results.md")).read()
+  md.write_text(page.replace(regime_map.map_block(page) and "\n".join(
+      regime_map.map_block(page)) or "\0", ""))
+  report.write_report({**s, "report": {**s["report"], "results_md": str(md)}}, str(tmp_path),
+                      "cmd")
+  h = report.headline_from_results(md.read_text())
+  assert h["map"]["summary"].startswith("Replay saved generation in 1 of 2 regimes")
+  assert [r["regime"] for r in h["map"]["rows"]] == ["a", "b"]
+  assert h["map"]["rows"][0]["replay pays"] == "yes"
+  block = report.render_headline(h)
+  assert block[0] == report.HEADLINE_NOTE and block[-1] == report.HEADLINE_END
+  assert block[2].startswith("**Where replay pays**, `configs/sweep/where_replay_pays.py` "
+                             "(2 regimes × 3 seeds): ") and h["map"]["summary"] in block[2]
+  assert block[4] == "| " + " | ".join(report.MAP_COLUMNS) + " |"
+  assert block[6].startswith("| a | 1.00 [1.00, 1.00] | 0.25 [0.25, 0.25] |")
+  assert f"best configuration found: `{h['best']}`" in block[-3]
