@@ -60,8 +60,9 @@ def run_constants(run) -> dict[str, float]:
      per trained sample), "alpha": median ``noise/alpha``, "rho": median ``noise/rho``,
      "estimates": int count of records with a ``noise/alpha``} — NaN where absent.
   """
-  def med(key):
-    v = [r[key] for r in run.records if key in r and r[key] == r[key]]
+  def med(key):  # the metric files keep NaN as a string
+    v = [float(r[key]) for r in run.records if key in r]
+    v = [x for x in v if math.isfinite(x)]
     return float(np.median(v)) if v else float("nan")
   n = sum(1 for r in run.records if "noise/alpha" in r)
   return {"mu": run.mu_time(), "alpha": med("noise/alpha"), "rho": med("noise/rho"),

@@ -35,7 +35,7 @@ def _write_run(d, evals, b=4, r=4, n=4, tokens_per_rollout=2.5, gen_s=0.1, train
 
 ONPOL = {0: 0.1, 2: 0.4, 4: 0.6}  # B = R = 4, 10 tokens per step: 0.6 reached at 40 tokens
 NOISE = {2: {"noise/alpha": 0.2, "noise/rho": 0.1}, 4: {"noise/alpha": 0.3, "noise/rho": 0.1},
-         6: {"noise/alpha": float("nan"), "noise/rho": 0.3}}
+         6: {"noise/alpha": "NaN", "noise/rho": 0.3}}  # NaN as the metric files keep it
 AUTO = {s: {"auto/R": 2.0, "auto/max_staleness": 3.0, "auto/changed": float(s == 2)}
         for s in range(1, 9)}
 
