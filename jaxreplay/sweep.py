@@ -2,6 +2,7 @@
 
   python -m jaxreplay.sweep --config configs/sweep/NAME.py [--workdir DIR] [--only REGEX]
                             [--report-only] [--dry-run] [--publish]
+                            [--import-runs FILE.tar.xz] [--export-runs FILE.tar.xz]
 
 A sweep file has ``get_config()`` returning a ConfigDict (or dict) with
   base_config:    path of a trainer config file (``configs/default.py``, a Qwen preset, ...),
@@ -30,6 +31,13 @@ that it ran them all or spent its generation budget, ``train.max_generated_rollo
 skipped; any other run is launched with its same command, and the trainer resumes from the
 last checkpoint in its directory. Interrupt the sweep at any point and start it again.
 A failed run is reported and the grid goes on; the exit status is then 1.
+
+Archives: ``--export-runs FILE`` writes, after the grid and the report, every finished run's
+``config.json``, ``summary.json`` and its metric records cut to what the reports read
+(``ARCHIVE_KEYS``) as one ``.tar.xz`` — small enough to commit beside the results it
+produced. ``--import-runs FILE`` unpacks one into the sweep's directory first (runs already
+present are left alone), so a report can be regenerated, or a sweep finished, on a machine
+that did not run it: the imported runs count as finished and are skipped.
 """
 
 from __future__ import annotations
@@ -43,11 +51,13 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from typing import Any
 
 from jaxreplay import storage
-from jaxreplay.train.metrics import has_metrics
+from jaxreplay.train.metrics import has_metrics, read_metrics
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -331,6 +341,73 @@ def run_grid(sweep: dict, workdir: str, only: str | None = None, dry_run: bool =
   return failed
 
 
+# What an exported run keeps of its metric records: what ``report`` and ``regime_map`` read.
+ARCHIVE_KEYS = ("step", "eval/", "generated_", "trained_", "generate_s", "train_s", "eval_s",
+                "noise/", "auto/", "staleness_mean", "replay_ratio", "generation_flops",
+                "training_flops")
+
+
+def export_runs(sweep: dict, workdir: str, path: str) -> int:
+  """Writes the finished runs of the grid to ``path`` (``.tar.xz``): per run
+  ``NAME/seedK/config.json``, ``summary.json`` and ``metrics.jsonl`` (its records, the last
+  per step, with the keys starting with an ``ARCHIVE_KEYS`` prefix).
+
+  Returns:
+    The number of runs written.
+  """
+  n = 0
+  with tempfile.TemporaryDirectory() as tmp, tarfile.open(path, "w:xz") as tar:
+    for run in plan(sweep, workdir):
+      src = run.workdir
+      if not os.path.exists(os.path.join(src, "summary.json")) or not has_metrics(src):
+        continue
+      rel = os.path.join(run.name, f"seed{run.seed}")
+      dst = os.path.join(tmp, rel)
+      os.makedirs(dst)
+      for f in ("config.json", "summary.json"):
+        if os.path.exists(os.path.join(src, f)):
+          with open(os.path.join(src, f)) as a, open(os.path.join(dst, f), "w") as b:
+            b.write(a.read())
+      with open(os.path.join(dst, "metrics.jsonl"), "w") as f:
+        for rec in read_metrics(src):
+          f.write(json.dumps({k: v for k, v in rec.items() if k.startswith(ARCHIVE_KEYS)}) + "\n")
+      tar.add(dst, arcname=rel)
+      n += 1
+  return n
+
+
+def import_runs(workdir: str, path: str) -> int:
+  """Unpacks an ``export_runs`` archive into ``workdir``; a run directory that exists and
+  was not itself imported (a run of this machine, finished or not) is left as it is.
+
+  Returns:
+    The number of runs unpacked.
+
+  Raises:
+    SweepError: a member outside ``NAME/seedK/{config.json,summary.json,metrics.jsonl}``.
+  """
+  n = 0
+  with tarfile.open(path, "r:*") as tar:
+    for m in tar.getmembers():
+      parts = m.name.split("/")
+      if m.isdir():
+        continue
+      if (not m.isfile() or len(parts) != 3 or not re.fullmatch(r"seed\d+", parts[1])
+          or parts[2] not in ("config.json", "summary.json", "metrics.jsonl")
+          or not re.fullmatch(r"[A-Za-z0-9_.+-]+", parts[0]) or parts[0] in (".", "..")):
+        raise SweepError(f"{path}: unexpected member {m.name!r} (not a run archive)")
+      run_dir = os.path.join(workdir, parts[0], parts[1])
+      marker = os.path.join(run_dir, ".imported")
+      if os.path.isdir(run_dir) and not os.path.exists(marker):
+        continue  # a run of this machine, finished or not: its own files win
+      os.makedirs(run_dir, exist_ok=True)
+      open(marker, "w").close()
+      with tar.extractfile(m) as f, open(os.path.join(run_dir, parts[2]), "wb") as out:
+        out.write(f.read())
+      n += parts[2] == "summary.json"
+  return n
+
+
 def report_command(config_path: str, workdir_arg: str | None) -> str:
   """The command line that regenerates the report (what the report prints at its top)."""
   cmd = f"python -m jaxreplay.sweep --config {config_path}"
@@ -371,6 +448,11 @@ def main(argv=None) -> int:
                                 "(the report still reads every run present)")
   p.add_argument("--report-only", action="store_true", help="skip the grid; write the report")
   p.add_argument("--dry-run", action="store_true", help="print each run's command and stop")
+  p.add_argument("--import-runs", metavar="FILE",
+                 help="unpack an --export-runs archive into the sweep's directory first")
+  p.add_argument("--export-runs", metavar="FILE",
+                 help="after the report, write the finished runs (configs, summaries, the "
+                      "metrics the reports read) to this .tar.xz")
   p.add_argument("--publish", action="store_true",
                  help="write the report to the sweep file's report.results_md (such as "
                       "docs/results.md) even with a --workdir of its own")
@@ -378,6 +460,9 @@ def main(argv=None) -> int:
   try:
     sweep = load_sweep(a.config)
     workdir = os.path.abspath(a.workdir or sweep["workdir"])
+    if a.import_runs:
+      print(f"imported {import_runs(workdir, a.import_runs)} runs from {a.import_runs}",
+            flush=True)
     failed = []
     if not a.report_only:
       print(f"sweep {a.config}: {len(sweep['configurations'])} configurations × "
@@ -396,6 +481,8 @@ def main(argv=None) -> int:
                                "results_md": results_path(sweep, workdir, a.workdir, a.publish)}}
   paths = report.write_report(sweep, workdir, report_command(a.config, a.workdir))
   print(f"report written to {paths[0]} (+{len(paths) - 1} figures)")
+  if a.export_runs:
+    print(f"exported {export_runs(sweep, workdir, a.export_runs)} runs to {a.export_runs}")
   return 1 if failed else 0
 
 

@@ -277,3 +277,41 @@ def test_a_run_that_spent_its_generation_budget_is_finished(tmp_path):
                         ({"steps": 480, "steps_done": 480}, False)]:
     path.write_text(json.dumps(summary))
     assert sweep.finished(r, 960) is done, summary
+
+
+def test_export_and_import_runs_give_the_same_report(tmp_path):
+  """An exported sweep, unpacked elsewhere, reports the same tables; its runs count as
+  finished; a local run of the same name is never overwritten."""
+  src, dst = tmp_path / "src", tmp_path / "dst"
+  for seed in range(3):
+    _write_run(src / "onpol" / f"seed{seed}", {0: 0.1, 2: 0.3, 4: 0.5 + 0.01 * seed}, b=4, r=4,
+               n=4)
+    _write_run(src / "rep" / f"seed{seed}", {0: 0.1, 4: 0.6, 8: 0.7}, b=4, r=2, n=8,
+               per_step_tokens=5)
+    for name, steps in (("onpol", 4), ("rep", 8)):
+      (src / name / f"seed{seed}" / "summary.json").write_text(json.dumps({"steps": steps}))
+  s = {**_sweep_dict(["onpol", "rep"]), "base_overrides": {}}
+  for c in s["configurations"]:
+    c["overrides"] = {}
+  archive = str(tmp_path / "runs.tar.xz")
+  assert sweep.export_runs(s, str(src), archive) == 6
+  (dst / "rep" / "seed0").mkdir(parents=True)  # a local run, not finished: left alone
+  assert sweep.import_runs(str(dst), archive) == 5
+  assert not os.listdir(dst / "rep" / "seed0")
+  assert sweep.import_runs(str(dst), archive) == 5  # again: the imported ones are refreshed
+  for d, name in ((src, "a"), (dst, "b")):
+    s["report"]["results_md"] = str(tmp_path / name / "results.md")
+    report.write_report(s, str(d), "cmd")
+  a = open(tmp_path / "a" / "results.md").read()
+  b = open(tmp_path / "b" / "results.md").read()
+  assert "| `rep` | rep | sync | 4.00 | 2.00 | 50 [50, 50] | 3/3 |" in a
+  assert "| `rep` | rep | sync | 4.00 | 2.00 | 50 [50, 50] | 2/2 |" in b  # seed 0 not imported
+  run = sweep.Run(name="onpol", family="onpol", seed=1, overrides={},
+                  workdir=str(dst / "onpol" / "seed1"))
+  assert sweep.finished(run, 4)
+  bad = tmp_path / "bad.tar.xz"
+  import tarfile
+  with tarfile.open(bad, "w:xz") as tar:
+    tar.add(archive, arcname="../escape.json")
+  with pytest.raises(sweep.SweepError, match="unexpected member '../escape.json'"):
+    sweep.import_runs(str(dst), str(bad))
