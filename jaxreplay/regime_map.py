@@ -264,10 +264,12 @@ def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[s
        f"Sweep `configs/sweep/where_replay_pays.py` ({len(regimes)} regimes × "
        f"{len(sweep['seeds'])} seeds; per regime on-policy, two fixed FIFO buffers and the "
        "self-tuning buffer at one generation budget). μ, α, ρ: median [IQR] over the "
-       "self-tuning runs' seeds (μ from phase times; α, ρ the median of each run's buffer "
-       "estimates, `rl.noise`; ρ is clipped to [0, 1] and α to ≥ 0 before the theory, as "
-       "the controller does). Theory: `theory.power_law_design_bounded` at the median "
-       "constants within the sweep's bounds, and its y* at each seed's own constants. Tokens: generated tokens to reach the regime's "
+       "self-tuning runs' seeds (μ from phase times at the R the controller ran; \"μ "
+       "on-policy\": the same at R = B, from the on-policy runs; α, ρ the median of each "
+       "run's buffer estimates, `rl.noise`; ρ is clipped to [0, 1] and α to ≥ 0 before the "
+       "theory, as the controller does). Theory: `theory.power_law_design_bounded` at the "
+       "median constants within the sweep's bounds, and its y* at each seed's own "
+       "constants. Tokens: generated tokens to reach the regime's "
        "on-policy final accuracy (the mean of its last "
        f"{int((sweep.get('report') or {}).get('target_last', 1))} evaluation(s)), % of "
        "on-policy's, median [IQR] over seeds (k/n: seeds that reach it). \"Replay pays\": "
@@ -282,6 +284,7 @@ def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[s
     bx, by = g.xy(best) if best else (float("nan"), float("nan"))
     verdict, ratio = g.auto_verdict()
     mu = [c["mu"] for c in g.constants]
+    mu_on = [r.mu_time() for n in g.by_role["onpolicy"] for r in g.runs[n]]
     al = [c["alpha"] for c in g.constants]
     rh = [c["rho"] for c in g.constants]
 
@@ -290,7 +293,7 @@ def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[s
       return f"{sum(math.isfinite(t) for t in v)}/{len(v)}"
 
     rows.append([
-        g.name, fq(mu, 2), fq(al, 2), fq(rh, 2),
+        g.name, fq(mu, 2), fq(mu_on, 2), fq(al, 2), fq(rh, 2),
         f"({report.fmt(x, 2)}, {report.fmt(y, 2)})",
         fq([d[1] for d in g.seed_designs], 2),
         f"`{best}` ({report.fmt(bx, 0)}, {report.fmt(by, 0)})" if best else "–",
@@ -300,8 +303,8 @@ def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[s
         _yes(None if g.replay_pays() is None or g.theory_says_replay() is None
              else g.replay_pays() == g.theory_says_replay(), "yes", "no"),
         f"{verdict} ({report.fmt(ratio, 2)}×)" if ratio == ratio else verdict])
-  L += report._table(["regime", "μ", "α", "ρ", "theory's (x*, y*)", "y* per seed",
-                      "sweep's best (x, y)",
+  L += report._table(["regime", "μ", "μ on-policy", "α", "ρ", "theory's (x*, y*)",
+                      "y* per seed", "sweep's best (x, y)",
                       "best fixed: tokens, % of on-policy", "self-tuning: tokens, % of on-policy",
                       "replay pays", "theory matched", "self-tuning ≤ 110% of best fixed"],
                      rows) + [""]

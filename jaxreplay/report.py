@@ -925,7 +925,7 @@ def headline_from_results(text: str) -> dict[str, Any]:
           "best": best.group(1) if best else "", "map": map_from_results(text)}
 
 
-MAP_COLUMNS = ("regime", "μ", "α", "ρ", "theory's (x*, y*)", "sweep's best (x, y)",
+MAP_COLUMNS = ("regime", "μ", "μ on-policy", "α", "ρ", "theory's (x*, y*)", "sweep's best (x, y)",
                "best fixed: tokens, % of on-policy", "self-tuning: tokens, % of on-policy",
                "replay pays")
 

@@ -118,9 +118,11 @@ def test_map_is_spliced_into_the_page_and_kept_by_the_single_regime_report(tmp_p
   text = md.read_text()
   assert paths[0] == str(md) and os.path.getsize(paths[1]) > 5000
   assert text.index("## Where replay pays") < text.index("## Figures") and "old" in text
-  assert "| a | 1.00 [1.00, 1.00] | 0.25 [0.25, 0.25] | 0.10 [0.10, 0.10] | (1.00, 1.00) |" in text
-  assert "| (1.00, 1.00) | 1.00 [1.00, 1.00] | `a_fixed` (4, 2) | 50 [50, 50] (3/3) | 100 [100, 100] (3/3) | yes | no | no (2.00×)" \
-      in text
+  # μ on-policy: (0.1 s / 4 rollouts) / (0.2 s / 4 samples) = 0.5
+  assert ("| a | 1.00 [1.00, 1.00] | 0.50 [0.50, 0.50] | 0.25 [0.25, 0.25] | 0.10 [0.10, 0.10] "
+          "| (1.00, 1.00) |") in text
+  assert ("| (1.00, 1.00) | 1.00 [1.00, 1.00] | `a_fixed` (4, 2) | 50 [50, 50] (3/3) | 100 "
+          "[100, 100] (3/3) | yes | no | no (2.00×)") in text
   # the map again: replaced, not duplicated
   report.write_report({**s, "report": {**s["report"], "results_md": str(md)}}, str(tmp_path),
                       "cmd")
@@ -164,5 +166,5 @@ def test_readme_headline_becomes_the_map(tmp_path):
   assert block[2].startswith("**Where replay pays**, `configs/sweep/where_replay_pays.py` "
                              "(2 regimes × 3 seeds): ") and h["map"]["summary"] in block[2]
   assert block[4] == "| " + " | ".join(report.MAP_COLUMNS) + " |"
-  assert block[6].startswith("| a | 1.00 [1.00, 1.00] | 0.25 [0.25, 0.25] |")
+  assert block[6].startswith("| a | 1.00 [1.00, 1.00] | 0.50 [0.50, 0.50] | 0.25 [0.25, 0.25] |")
   assert f"best configuration found: `{h['best']}`" in block[-3]
