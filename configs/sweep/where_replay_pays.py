@@ -50,11 +50,14 @@ G = 8             # rollout.group_size
 STEPS = 240       # on-policy learner steps: the generation budget is STEPS·B rollouts
 EVAL_EVERY = 20   # on-policy steps between evaluations
 REGIMES = {"lr1e-4": 1e-4, "lr5e-5": 5e-5, "lr2e-4": 2e-4}
-# (x, y) of fixed A (theory's, rounded) and fixed B per regime: set from phase 1.
+# (x, y) of fixed A and fixed B per regime. A: the theory's (x*, y*) at phase 1's median
+# constants, rounded (``regime_map.round_design``): lr1e-4 (8.00, 1.61), lr5e-5 (8.00,
+# 3.85), lr2e-4 (8.00, 4.00) on 3, 3 and 2 seeds when it was set. B: (4, 2), the moderate
+# buffer of configs/sweep/replay_vs_onpolicy.py.
 FIXED = {
-    "lr1e-4": ((2, 2), (4, 2)),
-    "lr5e-5": ((2, 2), (4, 2)),
-    "lr2e-4": ((2, 2), (4, 2)),
+    "lr1e-4": ((8, 2), (4, 2)),
+    "lr5e-5": ((8, 4), (4, 2)),
+    "lr2e-4": ((8, 4), (4, 2)),
 }
 
 
