@@ -19,8 +19,8 @@ same generation budget. Per regime this module computes, from the runs' files al
     (``report.Analysis`` with the regime's on-policy configuration as reference: the same
     definitions as the single-regime report, its module docstring);
   * the sweep's best configuration: the least median tokens-to-target among on-policy and
-    the fixed buffers (on-policy wins ties); "replay pays" when that is a buffer below
-    on-policy's 100%;
+    the fixed buffers (on-policy wins ties); "replay pays" when a buffer, fixed or
+    self-tuning, needs fewer tokens than on-policy (medians over seeds);
   * whether the theory matched: it predicts replay when y* rounds (nearest power of two)
     above 1;
   * the self-tuning acceptance: the ``auto`` runs' median tokens-to-target at most
@@ -156,12 +156,20 @@ class Regime:
     v = rs[0].nominal()
     return v["x"], v["y"]
 
+  def best_replay(self) -> str | None:
+    """The buffer (fixed or self-tuning) with the least median tokens-to-target; None when
+    none has a finite median."""
+    cands = [n for n in self.by_role["fixed"] + self.by_role["auto"] if self.runs[n]]
+    fin = {n: self.median_pct(n) for n in cands if math.isfinite(self.median_pct(n))}
+    return min(fin, key=fin.get) if fin else None
+
   def replay_pays(self) -> bool | None:
-    """Whether the sweep's best is a buffer that needs fewer tokens than on-policy."""
-    best = self.best_fixed()
-    if best is None or self.reference is None:
+    """Whether a buffer, fixed or self-tuning, reaches on-policy's final accuracy with fewer
+    generated tokens than on-policy (medians over seeds); None without on-policy runs."""
+    if self.reference is None or not self.runs[self.reference] or self.analysis is None:
       return None
-    return best != self.reference and self.median_pct(best) < self.median_pct(self.reference)
+    best = self.best_replay()
+    return best is not None and self.median_pct(best) < self.median_pct(self.reference)
 
   def theory_says_replay(self) -> bool | None:
     x, y = self.design
@@ -238,13 +246,14 @@ def summary_sentences(regimes: list[Regime]) -> str:
   if not done:
     return "No regime has its on-policy and fixed runs yet."
   if not pays:
-    first = (f"In none of the {len(done)} regimes measured did a replay buffer reach "
-             "on-policy's final accuracy with fewer generated tokens than on-policy")
+    first = (f"In none of the {len(done)} regimes did a replay buffer, fixed or self-tuning, "
+             "reach on-policy's final accuracy with fewer generated tokens than on-policy")
   else:
-    parts = [f"{g.name} (`{g.best_fixed()}`: {report.fmt(g.median_pct(g.best_fixed()), 0)}% "
+    parts = [f"{g.name} (`{g.best_replay()}`: {report.fmt(g.median_pct(g.best_replay()), 0)}% "
              "of on-policy's tokens)" for g in pays]
-    first = (f"Replay saved generation in {len(pays)} of {len(done)} regimes: "
-             + ", ".join(parts))
+    rest = [g.name for g in done if g not in pays]
+    first = (f"Replay saved generation in {len(pays)} of {len(done)} regimes, "
+             + ", ".join(parts) + (f", and not in {', '.join(rest)}" if rest else ""))
   autos = [g.auto_verdict() for g in done]
   ok = sum(v == "yes" for v, _ in autos)
   second = (f"the measured constants ({consts}) put the theory's optimum "
@@ -272,8 +281,9 @@ def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[s
        "constants. Tokens: generated tokens to reach the regime's "
        "on-policy final accuracy (the mean of its last "
        f"{int((sweep.get('report') or {}).get('target_last', 1))} evaluation(s)), % of "
-       "on-policy's, median [IQR] over seeds (k/n: seeds that reach it). \"Replay pays\": "
-       "the best of on-policy and the fixed buffers is a buffer below 100%. The theory "
+       "on-policy's, median [IQR] over seeds (k/n: seeds that reach it). Sweep's best: the "
+       "least tokens among on-policy and the fixed buffers (on-policy wins ties). \"Replay "
+       "pays\": a buffer, fixed or self-tuning, needs fewer tokens than on-policy. The theory "
        "predicts replay when its y* rounds above 1.", "",
        f"**{summary_sentences(regimes)}**", ""]
   rows = []
@@ -302,7 +312,7 @@ def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[s
         _yes(g.replay_pays(), "yes", "no"),
         _yes(None if g.replay_pays() is None or g.theory_says_replay() is None
              else g.replay_pays() == g.theory_says_replay(), "yes", "no"),
-        f"{verdict} ({report.fmt(ratio, 2)}×)" if ratio == ratio else verdict])
+        f"{verdict} ({report.fmt(ratio, 2)}×)" if math.isfinite(ratio) else verdict])
   L += report._table(["regime", "μ", "μ on-policy", "α", "ρ", "theory's (x*, y*)",
                       "y* per seed", "sweep's best (x, y)",
                       "best fixed: tokens, % of on-policy", "self-tuning: tokens, % of on-policy",
@@ -410,7 +420,8 @@ def map_block(text: str) -> list[str]:
 
 def write_map(sweep: dict, workdir: str, md_path: str) -> list[str]:
   """Computes the map from the sweep's runs and splices it into ``md_path`` (created when
-  absent); the figure goes to ``<md_path without .md>/where_replay_pays.png``.
+  absent); the figure goes to ``<md_path without .md>/where_replay_pays.png``. A README
+  beside the page's ``docs/`` gets its headline block rewritten (``report.readme_beside``).
 
   Returns:
     [md_path, figure path].
@@ -432,6 +443,9 @@ def write_map(sweep: dict, workdir: str, md_path: str) -> list[str]:
   except OSError:
     old = f"# {(sweep.get('report') or {}).get('title', 'Where replay pays')}\n"
   report._write(md_path, splice_map(old, block).splitlines())
+  readme = report.readme_beside(md_path)
+  if readme:
+    report.write_readme_headline(readme, md_path)
   for g in regimes:
     x, y = g.design
     if x == x:

@@ -84,13 +84,15 @@ def test_constants_theory_and_verdicts_with_known_answers(tmp_path):
   assert a.best_fixed() == "a_fixed" and a.replay_pays() is True
   assert a.auto_verdict() == ("no", pytest.approx(2.0))
   assert b.pct("b_fixed") == [math.inf] * 3 and b.best_fixed() == "b_onpolicy"
-  assert b.replay_pays() is False and b.auto_verdict() == ("yes", pytest.approx(0.5))
+  # b: no fixed buffer beats on-policy, the self-tuning one does: replay pays there too
+  assert b.best_replay() == "b_auto" and b.replay_pays() is True
+  assert b.auto_verdict() == ("yes", pytest.approx(0.5))
   k = a.controller()
   assert k["R"] == [2.0] * 3 and k["y"] == [2.0] * 3 and k["x"] == [4.0] * 3
   assert k["changes"] == [1] * 3
   text = regime_map.summary_sentences([a, b])
-  assert text.startswith("Replay saved generation in 1 of 2 regimes: a (`a_fixed`: 50% of "
-                         "on-policy's tokens)")
+  assert text.startswith("Replay saved generation in 2 of 2 regimes, a (`a_fixed`: 50% of "
+                         "on-policy's tokens), b (`b_auto`: 50% of on-policy's tokens); ")
   assert "a: μ = 1.00, α = 0.25, ρ = 0.10" in text and "at a buffer in b" in text
   assert text.endswith("in 1 of 2.")
 
@@ -123,6 +125,9 @@ def test_map_is_spliced_into_the_page_and_kept_by_the_single_regime_report(tmp_p
           "| (1.00, 1.00) |") in text
   assert ("| (1.00, 1.00) | 1.00 [1.00, 1.00] | `a_fixed` (4, 2) | 50 [50, 50] (3/3) | 100 "
           "[100, 100] (3/3) | yes | no | no (2.00×)") in text
+  # b: on-policy is the best fixed; the self-tuning buffer pays, as the theory predicts
+  assert ("| `b_onpolicy` (1, 1) | 100 [100, 100] (3/3) | 50 [50, 50] (3/3) | yes | yes | "
+          "yes (0.50×) |") in text
   # the map again: replaced, not duplicated
   report.write_report({**s, "report": {**s["report"], "results_md": str(md)}}, str(tmp_path),
                       "cmd")
@@ -158,7 +163,7 @@ def test_readme_headline_becomes_the_map(tmp_path):
   report.write_report({**s, "report": {**s["report"], "results_md": str(md)}}, str(tmp_path),
                       "cmd")
   h = report.headline_from_results(md.read_text())
-  assert h["map"]["summary"].startswith("Replay saved generation in 1 of 2 regimes")
+  assert h["map"]["summary"].startswith("Replay saved generation in 2 of 2 regimes")
   assert [r["regime"] for r in h["map"]["rows"]] == ["a", "b"]
   assert h["map"]["rows"][0]["replay pays"] == "yes"
   block = report.render_headline(h)
