@@ -265,6 +265,19 @@ def summary_sentences(regimes: list[Regime]) -> str:
   return f"{first}; {second}"
 
 
+def _verdict_cell(g: Regime, verdict: str, ratio: float, best_xy) -> str:
+  """The self-tuning verdict, its ratio to the best fixed configuration's tokens and, when it
+  fails, where the controller settled (median over seeds) against the best fixed (x, y)."""
+  from jaxreplay import report
+  cell = f"{verdict} ({report.fmt(ratio, 2)}×)" if math.isfinite(ratio) else verdict
+  k = g.controller()
+  if verdict.startswith("no") and k["x"]:
+    x, y = report.quantiles(k["x"])[1], report.quantiles(k["y"])[1]
+    cell += (f": it settled at (x, y) = ({report.fmt(x, 0)}, {report.fmt(y, 2)}), the best "
+             f"fixed is ({report.fmt(best_xy[0], 0)}, {report.fmt(best_xy[1], 0)})")
+  return cell
+
+
 def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[str]:
   """The "Where replay pays" section, markers included (markdown lines)."""
   from jaxreplay import report
@@ -312,7 +325,7 @@ def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[s
         _yes(g.replay_pays(), "yes", "no"),
         _yes(None if g.replay_pays() is None or g.theory_says_replay() is None
              else g.replay_pays() == g.theory_says_replay(), "yes", "no"),
-        f"{verdict} ({report.fmt(ratio, 2)}×)" if math.isfinite(ratio) else verdict])
+        _verdict_cell(g, verdict, ratio, (bx, by))])
   L += report._table(["regime", "μ", "μ on-policy", "α", "ρ", "theory's (x*, y*)",
                       "y* per seed", "sweep's best (x, y)",
                       "best fixed: tokens, % of on-policy", "self-tuning: tokens, % of on-policy",

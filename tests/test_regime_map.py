@@ -124,7 +124,8 @@ def test_map_is_spliced_into_the_page_and_kept_by_the_single_regime_report(tmp_p
   assert ("| a | 1.00 [1.00, 1.00] | 0.50 [0.50, 0.50] | 0.25 [0.25, 0.25] | 0.10 [0.10, 0.10] "
           "| (1.00, 1.00) |") in text
   assert ("| (1.00, 1.00) | 1.00 [1.00, 1.00] | `a_fixed` (4, 2) | 50 [50, 50] (3/3) | 100 "
-          "[100, 100] (3/3) | yes | no | no (2.00×)") in text
+          "[100, 100] (3/3) | yes | no | no (2.00×): it settled at (x, y) = (4, 2.00), the best "
+          "fixed is (4, 2) |") in text
   # b: on-policy is the best fixed; the self-tuning buffer pays, as the theory predicts
   assert ("| `b_onpolicy` (1, 1) | 100 [100, 100] (3/3) | 50 [50, 50] (3/3) | yes | yes | "
           "yes (0.50×) |") in text
