@@ -48,6 +48,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -366,8 +367,7 @@ def export_runs(sweep: dict, workdir: str, path: str) -> int:
       os.makedirs(dst)
       for f in ("config.json", "summary.json"):
         if os.path.exists(os.path.join(src, f)):
-          with open(os.path.join(src, f)) as a, open(os.path.join(dst, f), "w") as b:
-            b.write(a.read())
+          shutil.copyfile(os.path.join(src, f), os.path.join(dst, f))
       with open(os.path.join(dst, "metrics.jsonl"), "w") as f:
         for rec in read_metrics(src):
           f.write(json.dumps({k: v for k, v in rec.items() if k.startswith(ARCHIVE_KEYS)}) + "\n")
