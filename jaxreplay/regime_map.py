@@ -387,13 +387,8 @@ def plot_map(regimes: list[Regime], path: str) -> None:
       rs = g.runs[c["name"]]
       if not rs:
         continue
-      a = report.aggregate(rs, "generated_tokens", "eval/acc_sampled")
-      if not len(a):
-        continue
-      color, ls = styles[c["name"]]
-      ax.plot(a[:, 0], a[:, 2], color=color, linestyle=ls, marker=".", lw=1.4,
-              label=f"{c['name'].removeprefix(g.name + '_')} ({len(rs)})")
-      ax.fill_between(a[:, 0], a[:, 1], a[:, 3], color=color, alpha=0.12, lw=0)
+      report.plot_band(ax, rs, "generated_tokens", "eval/acc_sampled", styles[c["name"]],
+                       f"{c['name'].removeprefix(g.name + '_')} ({len(rs)})", lw=1.4)
     if g.analysis is not None:
       ax.axhline(g.analysis.target, color="k", lw=0.8, ls=":")
     ax.set_title(g.name, fontsize=10)

@@ -496,6 +496,19 @@ def _styles(configs: list[dict]) -> dict[str, tuple]:
   return out
 
 
+def plot_band(ax, runs: list[RunData], x, y: str, style: tuple, label: str,
+              lw: float = 1.5) -> int:
+  """Draws the median over seeds of ``y`` against ``x`` (``aggregate``) as a line and its
+  interquartile range as a band on ``ax``; returns 1 if anything was drawn, else 0."""
+  a = aggregate(runs, x, y)
+  if not len(a):
+    return 0
+  color, ls = style
+  ax.plot(a[:, 0], a[:, 2], color=color, linestyle=ls, marker=".", lw=lw, label=label)
+  ax.fill_between(a[:, 0], a[:, 1], a[:, 3], color=color, alpha=0.12, lw=0)
+  return 1
+
+
 def plot_panels(an: Analysis, configs: list[dict], panels: list[tuple], path: str,
                 target: float | None = None) -> int:
   """One figure with a panel per (title, x, y, xlabel): median line and IQR band per
@@ -508,14 +521,7 @@ def plot_panels(an: Analysis, configs: list[dict], panels: list[tuple], path: st
       rs = an.runs.get(c["name"], [])
       if not rs:
         continue
-      a = aggregate(rs, x, y)
-      if not len(a):
-        continue
-      color, ls = styles[c["name"]]
-      ax.plot(a[:, 0], a[:, 2], color=color, linestyle=ls, marker=".", lw=1.5,
-              label=f"{c['name']} ({len(rs)})")
-      ax.fill_between(a[:, 0], a[:, 1], a[:, 3], color=color, alpha=0.12, lw=0)
-      drawn += 1
+      drawn += plot_band(ax, rs, x, y, styles[c["name"]], f"{c['name']} ({len(rs)})")
     if target is not None and "sampled" in y:
       ax.axhline(target, color="k", lw=0.8, ls=":", label="target (on-policy final)")
     ax.set_title(title, fontsize=10)
