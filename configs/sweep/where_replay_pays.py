@@ -26,8 +26,9 @@ on this 2-core CPU machine neither fits the ~45 min per regime the issue allows.
 Per regime, at one generation budget (STEPS·B = 15,360 rollouts: on-policy's 240 steps):
   onpolicy       x = 1, y = 1 (N = R = B);
   fixed A, B     FIFO uniform at (x, y) from FIXED below: A is the theory's (x*, y*) at the
-                 constants the self-tuning runs measured in phase 1, rounded to the grid
-                 R = B/y in multiples of G, x whole steps; B one more point;
+                 constants the self-tuning runs measured in phase 1, rounded
+                 (``regime_map.round_design``: y to the nearest power of two, x to whole
+                 steps, x >= y); B one more point;
   auto           the self-tuning buffer: starts at (x, y) = (4, 2), re-estimates α, ρ on
                  the buffer every 25 learner steps (128 items, 32 projections: at 256 and
                  128 one estimate took 16–25 s, as long as 20 learner steps), μ from
@@ -52,8 +53,9 @@ EVAL_EVERY = 20   # on-policy steps between evaluations
 REGIMES = {"lr1e-4": 1e-4, "lr5e-5": 5e-5, "lr2e-4": 2e-4}
 # (x, y) of fixed A and fixed B per regime. A: the theory's (x*, y*) at phase 1's median
 # constants, rounded (``regime_map.round_design``): lr1e-4 (8.00, 1.61), lr5e-5 (8.00,
-# 3.85), lr2e-4 (8.00, 4.00) on 3, 3 and 2 seeds when it was set. B: (4, 2), the moderate
-# buffer of configs/sweep/replay_vs_onpolicy.py.
+# 3.85), lr2e-4 (8.00, 4.00) when it was set, with lr5e-5's third seed part-way and lr2e-4's
+# not run (the final values, on all seeds, are in docs/results.md: they round the same). B:
+# (4, 2), the moderate buffer of configs/sweep/replay_vs_onpolicy.py.
 FIXED = {
     "lr1e-4": ((8, 2), (4, 2)),
     "lr5e-5": ((8, 4), (4, 2)),
