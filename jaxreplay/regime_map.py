@@ -120,8 +120,7 @@ class Regime:
     present = {c["name"]: runs.get(c["name"], []) for c in configs}
     self.analysis = None
     if ref and present[ref]:
-      self.analysis = report.Analysis({k: v for k, v in present.items()}, ref, float("nan"),
-                                      target_last=target_last)
+      self.analysis = report.Analysis(present, ref, float("nan"), target_last=target_last)
     self.reference = ref
     self.runs = present
     self.constants = [run_constants(r) for n in self.by_role["auto"] for r in present[n]]
