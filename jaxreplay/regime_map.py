@@ -136,6 +136,7 @@ class Regime:
     return self.analysis.values(name, "tokens_to_target_pct") if self.analysis else []
 
   def median_pct(self, name: str) -> float:
+    """Median over seeds of ``pct(name)`` (+inf unless more than half reached; NaN: none)."""
     from jaxreplay import report
     return report.quantiles(self.pct(name))[1]
 

@@ -134,7 +134,9 @@ def load_sweep(path: str) -> dict:
 
   Raises:
     SweepError: a missing or ill-formed field, duplicate configuration names, fewer than
-      one seed, or a base config file that does not exist.
+      one seed, a base config file that does not exist, or (``report.kind =
+      "regime_map"``) a configuration without ``regime`` or a ``role`` in onpolicy / fixed /
+      auto.
   """
   s = _plain(_load_module_config(path))
   for f in ("base_config", "workdir", "seeds", "configurations"):
@@ -160,6 +162,13 @@ def load_sweep(path: str) -> dict:
       if k in c["overrides"] or k in s["base_overrides"]:
         raise SweepError(f"sweep config {path}: {k} is set by the sweep, not by overrides")
   s.setdefault("report", {})
+  if (s["report"] or {}).get("kind") == "regime_map":
+    roles = ("onpolicy", "fixed", "auto")  # regime_map.ROLES (not imported: it loads numpy)
+    for c in s["configurations"]:
+      if "regime" not in c or c.get("role") not in roles:
+        raise SweepError(f"sweep config {path}: configuration {c['name']!r} of a regime map "
+                         f"needs 'regime' and 'role' in {roles} (got {c.get('regime')!r}, "
+                         f"{c.get('role')!r})")
   return s
 
 
@@ -384,10 +393,15 @@ def import_runs(workdir: str, path: str) -> int:
     The number of runs unpacked.
 
   Raises:
-    SweepError: a member outside ``NAME/seedK/{config.json,summary.json,metrics.jsonl}``.
+    SweepError: a missing or unreadable archive, or a member outside
+      ``NAME/seedK/{config.json,summary.json,metrics.jsonl}``.
   """
   n = 0
-  with tarfile.open(path, "r:*") as tar:
+  try:
+    tar = tarfile.open(path, "r:*")
+  except (OSError, tarfile.TarError) as e:
+    raise SweepError(f"--import-runs {path}: cannot read it as a run archive ({e})") from None
+  with tar:
     for m in tar.getmembers():
       parts = m.name.split("/")
       if m.isdir():

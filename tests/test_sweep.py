@@ -315,3 +315,17 @@ def test_export_and_import_runs_give_the_same_report(tmp_path):
     tar.add(archive, arcname="../escape.json")
   with pytest.raises(sweep.SweepError, match="unexpected member '../escape.json'"):
     sweep.import_runs(str(dst), str(bad))
+
+
+def test_regime_map_and_archive_errors_name_the_field(tmp_path):
+  bad = tmp_path / "map.py"
+  bad.write_text("def get_config():\n  return dict(base_config='configs/default.py', "
+                 "workdir='w', seeds=[0], report=dict(kind='regime_map'), configurations=["
+                 "dict(name='a', regime='r', role='onpolicy'), dict(name='b', regime='r', "
+                 "role='buffer')])\n")
+  with pytest.raises(sweep.SweepError, match=r"configuration 'b' of a regime map needs "
+                                             r"'regime' and 'role' in \('onpolicy', 'fixed', "
+                                             r"'auto'\) \(got 'r', 'buffer'\)"):
+    sweep.load_sweep(str(bad))
+  with pytest.raises(sweep.SweepError, match=r"--import-runs .*nope\.tar\.xz: cannot read it"):
+    sweep.import_runs(str(tmp_path), str(tmp_path / "nope.tar.xz"))
