@@ -6,6 +6,7 @@ correlation corr(ε_i, ε_j) = ρ|t_i − t_j|/N (Arnal et al. 2026 §4, as equa
 common true gradient the estimator does not know, projected on k = 128 Gaussian directions.
 """
 
+import dataclasses
 import functools
 import json
 import math
@@ -272,3 +273,65 @@ def test_auto_replay_spec_validates():
       auto.AutoReplaySpec.from_config(bad)
   from jaxreplay.spec import attribute_docs
   assert set(attribute_docs(auto.AutoReplaySpec)) == {f for f in auto.AutoReplaySpec().to_dict()}
+
+
+def test_bias_profile_recovers_a_known_bias_slope_and_the_fresh_gradient():
+  # g_i = ∇F + s_i·d + noise: ‖∇F‖² = 4, ‖d‖ = 0.5 per step of age, per-item noise
+  # variance 0.25 × 64 = 16; the bias of age s is ‖s·d‖² = 0.25 s² (Thm 4.4's κ-term, linear)
+  rng = np.random.default_rng(0)
+  k, n = 64, 1200
+  f = rng.normal(size=k)
+  f *= 2.0 / np.linalg.norm(f)
+  d = rng.normal(size=k)
+  d *= 0.5 / np.linalg.norm(d)
+  ages = rng.integers(0, 6, size=n)
+  g = f[None] + ages[:, None] * d[None] + 0.5 * rng.normal(size=(n, k))
+  est = nz.estimate_noise(jnp.asarray(g), jnp.asarray(ages), num_items=n)
+  assert float(est.bias_slope) == pytest.approx(0.5, rel=0.25)
+  assert float(est.grad2) == pytest.approx(4.0, rel=0.25)
+  assert float(est.fresh_var) == pytest.approx(16.0, rel=0.1)
+  b2 = np.asarray(est.bias2)
+  assert np.isnan(b2[0])  # the youngest age is the reference
+  np.testing.assert_allclose(b2[1:6], 0.25 * np.arange(1, 6) ** 2, rtol=0.4, atol=0.15)
+  m = nz.metrics(est)
+  assert m["noise/bias2_s3"] == pytest.approx(float(b2[3])) and "noise/bias2_s0" not in m
+  # no bias: what is left is the maximum's noise floor (≈ 0.19 here: a one-step bucket of
+  # ~200 items against ~170 fresh ones), under half the biased case's 0.5
+  g0 = f[None] + 0.5 * rng.normal(size=(n, k))
+  assert float(nz.estimate_noise(jnp.asarray(g0), jnp.asarray(ages), num_items=n)
+               .bias_slope) < 0.25
+  # one age only: nothing to compare with
+  one = nz.estimate_noise(jnp.asarray(g), jnp.zeros(n, jnp.int32), num_items=n)
+  assert np.isnan(float(one.bias_slope)) and np.isfinite(float(one.grad2))
+
+
+def test_controller_bias_cap_follows_thm_4_4():
+  # k = slope / √(max(‖∇F‖², 0) + σ²(0)/B): 0.5/√(4 + 64/64) = 0.22361; ‖∇F‖² < 0 → 0
+  assert auto.relative_bias(0.5, 4.0, 64.0, 64) == pytest.approx(0.5 / math.sqrt(5.0))
+  assert auto.relative_bias(1.0, -1.0, 4.0, 1) == pytest.approx(0.5)
+  assert math.isnan(auto.relative_bias(float("nan"), 4.0, 64.0, 64))
+  spec = auto.AutoReplaySpec(x_max=8.0, y_max=4.0, bias_limit=auto.BIAS_LIMIT)
+  kw = dict(batch_size=64, group_size=8, capacity=512, min_items=64)
+  # k = 0.1: x_cap = (1/(2√2))/0.1 = 3.5355 and y <= x_cap; at the cap y*(x) =
+  # √(3.7/(0.17 + 1/3.5355)) = 2.8584 → R = 64/2.8584 = 22.4 → 24; horizon ⌊3.5355⌋ = 3
+  p = auto.plan(3.7, 0.0, 0.17, spec, kappa=0.1, **kw)
+  assert p.x_cap == pytest.approx(3.53553, abs=1e-5) and p.x == pytest.approx(3.53553, abs=1e-5)
+  assert p.y == pytest.approx(2.85843, abs=1e-4)
+  assert (p.rollouts_per_step, p.horizon, p.max_staleness) == (24, 3, 2)
+  # k = 0.5: x_cap = 0.707 → x_min = 1, y <= 1: on-policy (R = B, ages 0 only)
+  p = auto.plan(3.7, 0.0, 0.17, spec, kappa=0.5, **kw)
+  assert (p.rollouts_per_step, p.horizon, p.max_staleness, p.x_cap) == (64, 1, 0, 1.0)
+  # off (bias_limit = 0, the default) or no k: the uncapped optimum (x_max, y at x_max)
+  off = auto.plan(3.7, 0.0, 0.17, auto.AutoReplaySpec(x_max=8.0, y_max=4.0), kappa=0.5, **kw)
+  assert off == auto.plan(3.7, 0.0, 0.17, spec, kappa=None, **kw)
+  assert (off.rollouts_per_step, off.horizon) == (16, 8)
+  # the controller folds k like the other estimates, logs it, and round-trips it
+  st = auto.initial_state(32, 3)
+  st, p = auto.update(st, 25, dataclasses.replace(spec, warmup=1), mu=3.7, alpha=0.0,
+                      rho=0.17, kappa=0.5, **kw)
+  assert st.kappa == 0.5 and (st.rollouts_per_step, st.max_staleness) == (64, 0)
+  assert st.log[-1].kappa == 0.5 and st.log[-1].reason == "bias"
+  d = json.loads(json.dumps(st.to_dict()))
+  assert auto.AutoReplayState.from_dict(d) == st
+  del d["kappa"]  # a state written before k was measured
+  assert auto.AutoReplayState.from_dict(d).kappa is None

@@ -31,6 +31,21 @@ into running values by an exponential moving average (``ema``); α is clamped at
 more than ``tolerance`` (relative): a new R changes the generation round's shapes
 (recompilation) and the samples-per-insert balance.
 
+**The bias cap.** Thm 4.5 is the C → ∞ limit of Thm 4.4, where the bias term vanishes;
+Thm 4.4 itself holds for a step size η ≤ R/(2√2·κN) = 1/(2√2·κx) only, κ the constant of
+the bias assumption ‖E[ε_{t,i}]‖ ≤ κ‖θ_t − θ_{t_i}‖. At a fixed learning rate that
+condition bounds the horizon: x ≤ 1/(2√2·κη). With the parameters moving about η‖ĝ_B‖
+per step (ĝ_B the minibatch gradient, E‖ĝ_B‖² = ‖∇F‖² + σ²(0)/B), κη is the bias per
+step of age relative to ‖ĝ_B‖, which the noise pass measures (``rl.noise.bias_profile``):
+k = β_slope / √(‖∇F‖² + σ²(0)/B) (``relative_bias``). The controller folds k like the other
+estimates and, with ``bias_limit`` = c > 0 (1/(2√2) = ``BIAS_LIMIT`` is Thm 4.4's constant;
+0, the default, leaves the cap off), solves inside x ≤ c/k, and — when the sampler needs ``min_items`` items within the horizon —
+y ≤ x_cap·B/``min_items``, so the horizon the batch needs stays under the cap. Where stale
+items keep little of the fresh gradient (k ≳ 0.35), the cap is x = 1: on-policy. The cap is
+off by default because on the embedded task it does not separate the regimes: k measured
+0.5–1.8 both at lr 5e-5, where replay pays, and at 2e-4, where it does not
+(docs/replay-study.md), so it would hold every regime on-policy.
+
 The state is a frozen dataclass of Python scalars with an exact ``to_dict`` /
 ``from_dict`` round trip (JSON-safe: ``None`` for "no estimate yet", never NaN), so it is
 checkpointed with the run's JSON metadata.
@@ -47,6 +62,7 @@ from jaxreplay.spec import Spec, field
 
 MAX_LOG = 64  # change-log entries kept in the state (the oldest are dropped)
 MU_SOURCES = ("time", "flops")  # ``AutoReplaySpec.mu_source``
+BIAS_LIMIT = 1.0 / (2.0 * math.sqrt(2.0))  # Thm 4.4: η <= R/(2√2·κN)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +85,9 @@ class AutoReplaySpec(Spec):
     y_min, y_max: bounds on the replay ratio y = B/R, 0 < y_min <= y_max.
     tolerance: >= 0 relative change of R below which R is kept (a new R recompiles
       generation).
+    bias_limit: >= 0, the constant c of the bias cap x <= c/k (k the measured bias per
+      step of age relative to the minibatch gradient; module docstring): 0 (default) leaves
+      the cap off; 1/(2√2) ≈ 0.354 is Thm 4.4's step-size condition.
     mu_source: which measured μ the trainer gives the controller (``train.self_tuning``),
       'time' (seconds per generated rollout over seconds per trained sample, the run's
       phase timers: the cost the compute budget pays, not bit-reproducible) or 'flops' (the
@@ -90,6 +109,7 @@ class AutoReplaySpec(Spec):
   y_min: float = field(1.0, gt=0)
   y_max: float = field(16.0, gt=0)
   tolerance: float = field(0.2, ge=0)
+  bias_limit: float = field(0.0, ge=0)
   mu_source: str = field("time", choices=MU_SOURCES)
 
   def check(self):
@@ -110,6 +130,7 @@ class Plan(NamedTuple):
     horizon: int h >= 1 whole steps kept (N = h·R items).
     max_staleness: int, lag + h − 1 (the buffer's age cut-off, policy versions).
     objective: float J(h, B/R) of the bound at the chosen design (unitless, τ = 1).
+    x_cap: float, the upper bound on x the solve used (``x_max``, or the bias cap).
   """
 
   x: float
@@ -118,6 +139,7 @@ class Plan(NamedTuple):
   horizon: int
   max_staleness: int
   objective: float
+  x_cap: float = math.inf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +149,10 @@ class Change:
   Attributes:
     step: learner step of the decision. rollouts_per_step: R set. max_staleness: cut-off set.
     x, y: the solver's x*, y*. mu, alpha, rho: the running estimates used.
-    reason: 'estimate' (a new optimum), 'batch' (the horizon was raised to hold
-      ``min_items``) or 'capacity' (the horizon was capped at ⌈C/R⌉).
+    kappa: the running relative bias per step of age (None: not measured).
+    reason: 'estimate' (a new optimum), 'bias' (the optimum sits at the bias cap),
+      'batch' (the horizon was raised to hold ``min_items``) or 'capacity' (the horizon
+      was capped at ⌈C/R⌉).
   """
 
   step: int
@@ -140,6 +164,7 @@ class Change:
   alpha: float
   rho: float
   reason: str = "estimate"
+  kappa: float | None = None
 
   def to_dict(self) -> dict:
     """The fields as a JSON-safe dict."""
@@ -154,6 +179,7 @@ class AutoReplayState:
     rollouts_per_step: int R currently in force.
     max_staleness: int age cut-off currently in force, or None (FIFO capacity only).
     mu, alpha, rho: running estimates (float), None until the first finite one.
+    kappa: running relative bias per step of age k (``relative_bias``), None until one.
     num_estimates: estimates folded in so far.
     last_step: learner step of the last estimate (−1 before any).
     log: tuple of ``Change``, the newest ``MAX_LOG`` decisions that changed something.
@@ -164,6 +190,7 @@ class AutoReplayState:
   mu: float | None = None
   alpha: float | None = None
   rho: float | None = None
+  kappa: float | None = None
   num_estimates: int = 0
   last_step: int = -1
   log: tuple = ()
@@ -185,7 +212,7 @@ class AutoReplayState:
     return cls(rollouts_per_step=int(d["rollouts_per_step"]),
                max_staleness=opt(d["max_staleness"], int), mu=opt(d["mu"], float),
                alpha=opt(d["alpha"], float), rho=opt(d["rho"], float),
-               num_estimates=int(d["num_estimates"]), last_step=int(d["last_step"]),
+               kappa=opt(d.get("kappa"), float), num_estimates=int(d["num_estimates"]), last_step=int(d["last_step"]),
                log=tuple(Change(**c) for c in d["log"]))
 
 
@@ -204,21 +231,48 @@ def _fold(old: float | None, new, ema: float) -> float | None:
   return float(new) if old is None else ema * old + (1.0 - ema) * float(new)
 
 
+def relative_bias(bias_slope, grad2, fresh_var, batch_size: int) -> float:
+  """k = β_slope / √(max(‖∇F‖², 0) + σ²(0)/B): the bias per step of age over the
+  minibatch gradient's norm (module docstring; ``rl.noise.bias_profile`` gives the inputs).
+
+  Args:
+    bias_slope: gradient units per learner step. grad2: ‖∇F‖² estimate (may be < 0).
+    fresh_var: per-item variance of the youngest items. batch_size: B >= 1.
+
+  Returns:
+    float k >= 0, or NaN when an input is not finite or the denominator is 0.
+  """
+  vals = [float(v) for v in (bias_slope, grad2, fresh_var)]
+  if not all(math.isfinite(v) for v in vals):
+    return math.nan
+  den = max(vals[1], 0.0) + max(vals[2], 0.0) / batch_size
+  return vals[0] / math.sqrt(den) if den > 0 else math.nan
+
+
+def bias_cap(kappa: float | None, spec: AutoReplaySpec) -> float:
+  """The horizon bound x_cap = clip(``bias_limit``/k, x_min, x_max); x_max when the cap is
+  off (``bias_limit`` = 0) or k is unknown (None) or 0."""
+  if not spec.bias_limit or kappa is None or kappa <= 0:
+    return spec.x_max
+  return min(max(spec.bias_limit / kappa, spec.x_min), spec.x_max)
+
+
 def observe(state: AutoReplayState, step: int, spec: AutoReplaySpec, *, mu=None, alpha=None,
-            rho=None) -> AutoReplayState:
+            rho=None, kappa=None) -> AutoReplayState:
   """Folds one estimate into the running values (EMA with weight ``spec.ema`` on the old).
 
   Args:
     state: the controller state. step: the learner step of the estimate.
-    spec: ``AutoReplaySpec``. mu, alpha, rho: floats (or 0-d arrays); None or non-finite
-      values leave that running value unchanged (e.g. ρ not identifiable this time).
+    spec: ``AutoReplaySpec``. mu, alpha, rho, kappa: floats (or 0-d arrays); None or
+      non-finite values leave that running value unchanged (e.g. ρ not identifiable).
 
   Returns:
     The new state (``num_estimates`` + 1, ``last_step`` = step).
   """
   return dataclasses.replace(
       state, mu=_fold(state.mu, mu, spec.ema), alpha=_fold(state.alpha, alpha, spec.ema),
-      rho=_fold(state.rho, rho, spec.ema), num_estimates=state.num_estimates + 1,
+      rho=_fold(state.rho, rho, spec.ema), kappa=_fold(state.kappa, kappa, spec.ema),
+      num_estimates=state.num_estimates + 1,
       last_step=int(step))
 
 
@@ -236,7 +290,7 @@ def _rollouts(y: float, spec: AutoReplaySpec, batch_size: int, group_size: int,
 
 def plan(mu: float, alpha: float, rho: float, spec: AutoReplaySpec, *, batch_size: int,
          group_size: int, capacity: int, lag: int = 0, min_items: int = 0,
-         rollouts_per_step: int | None = None) -> Plan:
+         rollouts_per_step: int | None = None, kappa: float | None = None) -> Plan:
   """The design for given estimates (module docstring for the mapping).
 
   Args:
@@ -249,6 +303,9 @@ def plan(mu: float, alpha: float, rho: float, spec: AutoReplaySpec, *, batch_siz
       replacement, else 0).
     rollouts_per_step: None (choose R from y*), or an R to keep (the horizon is then chosen
       for it).
+    kappa: k, the relative bias per step of age, or None: the solve stays inside
+      x <= ``bias_cap(k)`` and, with ``min_items``, y <= x_cap·B/min_items; the horizon
+      is at most ⌊x_cap⌋ unless the batch needs more.
 
   Returns:
     ``Plan``.
@@ -260,21 +317,31 @@ def plan(mu: float, alpha: float, rho: float, spec: AutoReplaySpec, *, batch_siz
     raise ValueError(f"need mu={mu} > 0, batch_size={batch_size} >= 1, group_size="
                      f"{group_size} >= 1, capacity={capacity} >= group_size, lag={lag} >= 0")
   a, r_ = max(float(alpha), 0.0), min(max(float(rho), 0.0), 1.0)
-  x, y = theory.power_law_design_bounded(mu, r_, a, (spec.x_min, spec.x_max),
-                                         (spec.y_min, spec.y_max))
+  x_cap = bias_cap(kappa, spec)
+  y_hi = spec.y_max
+  if min_items and x_cap < spec.x_max:
+    y_hi = max(spec.y_min, min(y_hi, x_cap * batch_size / min_items))
+  x, y = theory.power_law_design_bounded(mu, r_, a, (spec.x_min, x_cap), (spec.y_min, y_hi))
   r = rollouts_per_step or _rollouts(y, spec, batch_size, group_size, capacity)
+  if min_items and x_cap < spec.x_max and not rollouts_per_step:
+    # R large enough that the batch's horizon ⌈min_items/R⌉ stays within ⌊x_cap⌋ steps
+    need = group_size * math.ceil(min_items / max(1, math.floor(x_cap)) / group_size - 1e-9)
+    r = min(max(r, need), max(group_size, group_size * (capacity // group_size)))
   y_r = batch_size / r
   s2 = theory.power_law_sigma2_bar(a)
-  cands = sorted({max(1, math.floor(x)), max(1, math.ceil(x))})
+  cands = sorted({max(1, min(math.floor(x), math.floor(x_cap))), max(1, math.ceil(x))})
+  if x_cap < spec.x_max:
+    cands = [c for c in cands if c <= max(1, math.floor(x_cap))] or [1]
   h = min(cands, key=lambda c: theory.objective(c, y_r, mu, r_, s2))
   h = max(1, min(max(h, math.ceil(min_items / r)), math.ceil(capacity / r)))
   return Plan(x=x, y=y, rollouts_per_step=int(r), horizon=int(h),
-              max_staleness=int(lag + h - 1), objective=theory.objective(h, y_r, mu, r_, s2))
+              max_staleness=int(lag + h - 1), objective=theory.objective(h, y_r, mu, r_, s2),
+              x_cap=float(x_cap))
 
 
 def update(state: AutoReplayState, step: int, spec: AutoReplaySpec, *, mu, alpha, rho,
            batch_size: int, group_size: int, capacity: int, lag: int = 0,
-           min_items: int = 0) -> tuple[AutoReplayState, Plan | None]:
+           min_items: int = 0, kappa=None) -> tuple[AutoReplayState, Plan | None]:
   """``observe`` then, after ``spec.warmup`` estimates, ``plan`` with hysteresis.
 
   A new R is adopted only when |R_new − R|/R > ``spec.tolerance``; otherwise R is kept and
@@ -282,7 +349,8 @@ def update(state: AutoReplayState, step: int, spec: AutoReplaySpec, *, mu, alpha
   appended to the log.
 
   Args:
-    state, step, spec, mu, alpha, rho: as ``observe``.
+    state, step, spec, mu, alpha, rho, kappa: as ``observe`` (the running k goes to
+      ``plan``).
     batch_size, group_size, capacity, lag, min_items: as ``plan``.
 
   Returns:
@@ -292,12 +360,12 @@ def update(state: AutoReplayState, step: int, spec: AutoReplaySpec, *, mu, alpha
   Raises:
     ValueError: as ``plan``.
   """
-  state = observe(state, step, spec, mu=mu, alpha=alpha, rho=rho)
+  state = observe(state, step, spec, mu=mu, alpha=alpha, rho=rho, kappa=kappa)
   if (state.num_estimates < spec.warmup or state.mu is None or state.alpha is None
       or state.rho is None):
     return state, None
   kw = dict(batch_size=batch_size, group_size=group_size, capacity=capacity, lag=lag,
-            min_items=min_items)
+            min_items=min_items, kappa=state.kappa)
   p = plan(state.mu, state.alpha, state.rho, spec, **kw)
   r_old = state.rollouts_per_step
   if abs(p.rollouts_per_step - r_old) <= spec.tolerance * r_old:
@@ -305,10 +373,11 @@ def update(state: AutoReplayState, step: int, spec: AutoReplaySpec, *, mu, alpha
   if p.rollouts_per_step == r_old and p.max_staleness == state.max_staleness:
     return state, p
   reason = ("capacity" if p.horizon < max(1, math.floor(p.x)) else
-            "batch" if p.horizon > max(1, math.ceil(p.x)) else "estimate")
+            "batch" if p.horizon > max(1, math.ceil(p.x)) else
+            "bias" if p.x_cap < spec.x_max and p.x >= p.x_cap * (1 - 1e-6) else "estimate")
   entry = Change(step=int(step), rollouts_per_step=p.rollouts_per_step,
                  max_staleness=p.max_staleness, x=p.x, y=p.y, mu=state.mu,
-                 alpha=state.alpha, rho=state.rho, reason=reason)
+                 alpha=state.alpha, rho=state.rho, reason=reason, kappa=state.kappa)
   state = dataclasses.replace(state, rollouts_per_step=p.rollouts_per_step,
                               max_staleness=p.max_staleness,
                               log=(state.log + (entry,))[-MAX_LOG:])

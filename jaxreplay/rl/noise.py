@@ -94,6 +94,13 @@ class NoiseEstimate(NamedTuple):
     rho: float32 scalar, ρ (unclamped; NaN when all items have one age).
     rho_se: float32 scalar, its jackknife standard error.
     num_items: int32 scalar, items used (valid rows).
+    bias2: [E] float32, β̂²(s) = ‖E[g | age in bucket] − E[g | youngest age]‖² per bucket
+      (``bias_profile``; NaN for the youngest age's bucket, an empty one or one below
+      ``min_count``), squared gradient units.
+    bias_slope: float32 scalar, max over buckets of β̂_b / (s̄_b − s_min): the bias per
+      learner step of age (gradient units; NaN without a usable bucket).
+    grad2: float32 scalar, ‖∇F‖² estimated from the youngest items (unbiased; may be < 0).
+    fresh_var: float32 scalar, per-item E‖g − ∇F‖² of the youngest items.
   """
 
   sigma2: jax.Array
@@ -105,6 +112,10 @@ class NoiseEstimate(NamedTuple):
   rho: jax.Array
   rho_se: jax.Array
   num_items: jax.Array
+  bias2: jax.Array
+  bias_slope: jax.Array
+  grad2: jax.Array
+  fresh_var: jax.Array
 
 
 def metrics(est: NoiseEstimate, edges=DEFAULT_EDGES, prefix: str = "noise") -> dict:
@@ -116,17 +127,21 @@ def metrics(est: NoiseEstimate, edges=DEFAULT_EDGES, prefix: str = "noise") -> d
 
   Returns:
     {``noise/alpha``, ``noise/alpha_se``, ``noise/log_sigma1``, ``noise/rho``,
-     ``noise/rho_se``, ``noise/num_items``, and per non-empty bucket named as
-     ``diagnostics.bucket_names`` (``s0``, ``s2-3``, ``s64+``):
-     ``noise/sigma2_<bucket>``, ``noise/count_<bucket>``} — floats.
+     ``noise/rho_se``, ``noise/num_items``, ``noise/bias_slope``, ``noise/grad2``,
+     ``noise/fresh_var``, and per non-empty bucket named as ``diagnostics.bucket_names``
+     (``s0``, ``s2-3``, ``s64+``): ``noise/sigma2_<bucket>``, ``noise/count_<bucket>`` and,
+     where finite, ``noise/bias2_<bucket>``} — floats.
   """
   out = {f"{prefix}/{k}": float(np.asarray(getattr(est, k)))
-         for k in ("alpha", "alpha_se", "log_sigma1", "rho", "rho_se", "num_items")}
-  s2, cnt = np.asarray(est.sigma2), np.asarray(est.count)
-  for name, v, c in zip(diagnostics.bucket_names(edges), s2, cnt):
+         for k in ("alpha", "alpha_se", "log_sigma1", "rho", "rho_se", "num_items",
+                   "bias_slope", "grad2", "fresh_var")}
+  s2, cnt, b2 = np.asarray(est.sigma2), np.asarray(est.count), np.asarray(est.bias2)
+  for name, v, c, b in zip(diagnostics.bucket_names(edges), s2, cnt, b2):
     if c > 0:
       out[f"{prefix}/sigma2_{name}"] = float(v)
       out[f"{prefix}/count_{name}"] = float(c)
+      if np.isfinite(b):
+        out[f"{prefix}/bias2_{name}"] = float(b)
   return out
 
 
@@ -232,6 +247,61 @@ def _point(errors, ages, valid, a, num_items, edges, iters, min_count):
   return sigma2, count.astype(jnp.int32), age, alpha, log_s1, rho
 
 
+def bias_profile(grads, ages, valid, edges=DEFAULT_EDGES, min_count: int = 2):
+  """The bias of stale items' expected gradient against the youngest items' (Thm 4.4).
+
+  The paper's bias assumption is ‖E[ε_{t,i} | F_t]‖ ≤ κ‖θ_t − θ_{t_i}‖ (§4; NOTES.md §4):
+  an item generated s steps ago has an expected gradient off ∇F(θ_t) by up to κ times the
+  distance the parameters moved since. With m_0 the mean gradient of the youngest items
+  (age s_min: 0 in ``sync``, an unbiased estimate of ∇F), m_b a bucket's mean and v the
+  per-item within-group variance Σ‖g − m‖²/(n − 1),
+
+      β̂²_b = ‖m_b − m_0‖² − v_b/n_b − v_0/n_0   (unbiased for ‖E m_b − ∇F‖²),
+      ĝ² = ‖m_0‖² − v_0/n_0                      (unbiased for ‖∇F‖²),
+
+  and the bias per step of age is max_b β̂_b/(s̄_b − s_min) over buckets with at least
+  ``min_count`` items (β̂_b = √max(β̂²_b, 0); s̄_b the bucket's mean age). The maximum makes
+  the slope an estimate of the Lipschitz-type constant (the bound must hold at every age),
+  not of an average; a bias that saturates after one step (stale items carry none of the
+  fresh gradient) gives its largest slope at the first stale age.
+
+  Args:
+    grads: [n, k] float per-item gradients (or projections), all at θ_t.
+    ages: [n] int staleness. valid: [n] bool. edges: bucket lower edges (static).
+    min_count: >= 2 items a bucket (and the youngest age) needs.
+
+  Returns:
+    (bias2 [E], bias_slope, grad2, fresh_var) float32; NaN where not identifiable (fewer
+    than ``min_count`` youngest items, no other usable bucket).
+  """
+  grads = jnp.asarray(grads, jnp.float32)
+  m = valid.astype(jnp.float32)
+  big = jnp.iinfo(jnp.int32).max
+  s_min = jnp.min(jnp.where(valid, ages, big))
+  young = m * (ages == s_min)
+  onehot = _onehot(ages, valid, edges) * (1.0 - young)[:, None]  # youngest items apart
+
+  def group(w):  # mean [k], within-group variance (per item), count
+    n = w.sum()
+    mean = jnp.matmul(w, grads, precision=_HI) / jnp.maximum(n, 1.0)
+    ss = (w * ((grads - mean[None, :]) ** 2).sum(1)).sum()
+    return mean, ss / jnp.maximum(n - 1.0, 1.0), n
+
+  m0, v0, n0 = group(young)
+  means, var, n_b = jax.vmap(group, in_axes=1)(onehot)
+  d2 = ((means - m0[None, :]) ** 2).sum(1)
+  bias2 = d2 - var / jnp.maximum(n_b, 1.0) - v0 / jnp.maximum(n0, 1.0)
+  age_b = jnp.matmul(ages.astype(jnp.float32), onehot, precision=_HI) / jnp.maximum(n_b, 1.0)
+  use = (n_b >= min_count) & (n0 >= min_count)
+  slope = jnp.where(use, jnp.sqrt(jnp.maximum(bias2, 0.0)) /
+                    jnp.maximum(age_b - s_min.astype(jnp.float32), 1e-6), -jnp.inf)
+  ok0 = n0 >= min_count
+  return (jnp.where(use, bias2, jnp.nan),
+          jnp.where(use.any(), slope.max(), jnp.nan),
+          jnp.where(ok0, (m0 ** 2).sum() - v0 / jnp.maximum(n0, 1.0), jnp.nan),
+          jnp.where(ok0, v0, jnp.nan))
+
+
 @functools.partial(jax.jit, static_argnames=("edges", "center", "iters", "jackknife",
                                              "min_count"))
 def estimate_noise(grads, ages, valid=None, *, num_items, edges=DEFAULT_EDGES,
@@ -300,9 +370,11 @@ def estimate_noise(grads, ages, valid=None, *, num_items, edges=DEFAULT_EDGES,
   # no staleness-0 item to centre on ('fresh'): nothing is measured
   ok = (valid & (ages == 0)).any() if center == "fresh" else jnp.bool_(True)
   nan = lambda x: jnp.where(ok, x, jnp.nan)
+  bias2, slope, grad2, fresh_var = bias_profile(grads, ages, valid, edges, max(min_count, 2))
   return NoiseEstimate(sigma2=nan(sigma2), count=count, age=age, alpha=nan(alpha),
                        alpha_se=nan(alpha_se), log_sigma1=nan(log_s1), rho=nan(rho),
-                       rho_se=nan(rho_se), num_items=valid.sum().astype(jnp.int32))
+                       rho_se=nan(rho_se), num_items=valid.sum().astype(jnp.int32),
+                       bias2=bias2, bias_slope=slope, grad2=grad2, fresh_var=fresh_var)
 
 
 # --------------------------------------------------------------------------- synthetic

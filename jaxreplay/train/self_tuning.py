@@ -108,27 +108,30 @@ def decide(run, state: auto_lib.AutoReplayState, done: int, est, counts: dict,
 
   Returns:
     (new state, metrics: ``noise.metrics(est)``; ``auto/mu_measured`` (this μ),
-     ``auto/mu``, ``auto/alpha``, ``auto/rho`` (the running values, NaN before the
-     first); ``auto/next_R`` and ``auto/next_max_staleness`` (in force from the next
+     ``auto/mu``, ``auto/alpha``, ``auto/rho``, ``auto/kappa`` (the running values, NaN
+     before the first); ``auto/kappa_measured`` (this k, ``auto.relative_bias``); ``auto/next_R`` and ``auto/next_max_staleness`` (in force from the next
      step), ``auto/changed`` (1 when either changed); with a plan (after warm-up)
-     ``auto/x``, ``auto/y`` (the solver's x*, y*), ``auto/horizon`` (h) and
-     ``auto/objective``).
+     ``auto/x``, ``auto/y`` (the solver's x*, y*), ``auto/horizon`` (h),
+     ``auto/objective`` and ``auto/x_cap`` (the bound on x the solve used)).
   """
   spec, b = run.auto_replay, run.train.batch_size
   mu = measured_mu(spec, counts, timers)
+  kappa = auto_lib.relative_bias(est.bias_slope, est.grad2, est.fresh_var, b)
   new, plan = auto_lib.update(state, done, spec, mu=mu, alpha=float(est.alpha),
                               rho=float(est.rho), batch_size=b, group_size=rollout_unit(run),
-                              capacity=run.buffer.capacity, lag=run.lag, min_items=b)
+                              capacity=run.buffer.capacity, lag=run.lag, min_items=b,
+                              kappa=kappa)
   nan = lambda v: float("nan") if v is None else float(v)
   changed = (new.rollouts_per_step, new.max_staleness) != (state.rollouts_per_step,
                                                            state.max_staleness)
   out = {**noise_lib.metrics(est), "auto/mu_measured": float(mu), "auto/mu": nan(new.mu),
          "auto/alpha": nan(new.alpha), "auto/rho": nan(new.rho),
+         "auto/kappa_measured": float(kappa), "auto/kappa": nan(new.kappa),
          **_knobs(new.rollouts_per_step, new.max_staleness, "auto/next_"),
          "auto/changed": float(changed)}
   if plan is not None:
     out.update({"auto/x": plan.x, "auto/y": plan.y, "auto/horizon": float(plan.horizon),
-                "auto/objective": plan.objective})
+                "auto/objective": plan.objective, "auto/x_cap": plan.x_cap})
   return new, out
 
 

@@ -1,0 +1,102 @@
+"""How much of the fresh gradient a stale item keeps: the bias of the paper's Thm 4.4, measured.
+
+Protocol (issue 27): for each learning rate of ``configs/sweep/where_replay_pays.py``
+(5e-5, 1e-4, 2e-4; seed 0) one run of that sweep's self-tuning configuration with the
+controller held still (``auto_replay.warmup`` never reached, so the buffer stays at its
+start, x = 4, y = 2: ages 0..3 in every batch) for ``--steps`` learner steps; every 25 steps
+the noise pass (``rl.noise.estimate_noise``, 256 buffer items, 64 projections, between
+INSERT and UPDATE, so the freshest items are age 0) logs per staleness bucket σ̂²(s) and
+the bias β̂²(s) = ‖E g(age s) − E g(age 0)‖² (``rl.noise.bias_profile``), ‖∇F‖² and the
+fresh items' variance. Per regime it prints the medians over the estimates of
+
+* ``var_ratio``: σ̂²(1)/σ̂²(0), the per-item error variance of one-step-old items over fresh
+  ones (the theory assumes >= 1: σ non-decreasing);
+* ``alpha``: the fitted power-law exponent of σ(s) (App. 9.3.2; < 0 when variance falls);
+* ``bias1``: β̂²(1)/‖∇F‖², the squared distance of a one-step-old item's mean gradient from
+  the fresh one, in units of the fresh gradient's own squared norm (0: it carries the same
+  signal; ~1 or more: none of it);
+* ``k``: the relative bias per step of age (``replay.auto.relative_bias``) and the horizon
+  bound Thm 4.4's step-size condition gives, x_cap = 1/(2√2·k) (``auto_replay.bias_limit``).
+
+  python bench/staleness_bias.py [--steps 100] [--workdir /tmp/staleness_bias]
+
+About 6 minutes per regime on a 2-core CPU (the base policy's warm start, cached, is once).
+The last line names the three k's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import shutil
+import statistics
+
+SWEEP = "configs/sweep/where_replay_pays.py"
+
+
+def _load(path):
+  spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def run_regime(lr: float, steps: int, workdir: str) -> list[dict]:
+  """One held-still self-tuning run at ``lr``; returns its records holding an estimate."""
+  from jaxreplay.config import specs, validate
+  from jaxreplay.train import loop
+  from jaxreplay.train.metrics import read_records
+  sweep = _load(SWEEP)
+  cfg = _load(sweep.get_config().base_config).get_config()
+  overrides = {**sweep.get_config().base_overrides.to_dict(), **sweep.auto(),
+               "algo.lr": lr, "auto_replay.warmup": 10 ** 6,
+               "auto_replay.num_samples": 256, "auto_replay.num_projections": 64,
+               "train.steps": steps, "train.max_generated_rollouts": 0,
+               "eval.every": 10 ** 6, "checkpoint.every": 10 ** 6, "seed": 0,
+               "workdir": workdir}
+  for key, value in overrides.items():
+    *parents, leaf = key.split(".")
+    target = cfg
+    for part in parents:
+      target = target[part]
+    target[leaf] = value
+  shutil.rmtree(workdir, ignore_errors=True)
+  loop.run(validate(specs(cfg)), log=lambda *a: None)
+  return [r for r in read_records(workdir) if "noise/bias_slope" in r]
+
+
+def summarize(recs: list[dict]) -> dict:
+  """Medians over the estimates (module docstring)."""
+  med = lambda xs: statistics.median(xs) if xs else math.nan
+  var_ratio = [r["noise/sigma2_s1"] / r["noise/sigma2_s0"] for r in recs
+               if "noise/sigma2_s1" in r and r.get("noise/sigma2_s0", 0) > 0]
+  bias1 = [r["noise/bias2_s1"] / r["noise/grad2"] for r in recs
+           if "noise/bias2_s1" in r and r["noise/grad2"] > 0]
+  k = [r["auto/kappa_measured"] for r in recs if math.isfinite(r["auto/kappa_measured"])]
+  alpha = [r["noise/alpha"] for r in recs if math.isfinite(r["noise/alpha"])]
+  km = med(k)
+  return {"estimates": len(recs), "var_ratio": med(var_ratio), "alpha": med(alpha),
+          "bias1": med(bias1), "k": km, "x_cap": 1 / (2 * math.sqrt(2) * km) if km else math.nan}
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--steps", type=int, default=100)
+  ap.add_argument("--workdir", default="/tmp/staleness_bias")
+  args = ap.parse_args()
+  rows = {}
+  for name, lr in _load(SWEEP).REGIMES.items():
+    rows[name] = summarize(run_regime(lr, args.steps, os.path.join(args.workdir, name)))
+  print("| regime | estimates | σ²(1)/σ²(0) | α | β²(1)/‖∇F‖² | k | x_cap = 1/(2√2 k) |")
+  print("|---|---|---|---|---|---|---|")
+  for name, s in rows.items():
+    print(f"| {name} | {s['estimates']} | {s['var_ratio']:.2f} | {s['alpha']:.2f} | "
+          f"{s['bias1']:.2f} | {s['k']:.2f} | {s['x_cap']:.2f} |")
+  print("relative bias per step of age k: " + ", ".join(
+      f"{name} {s['k']:.2f}" for name, s in rows.items()))
+
+
+if __name__ == "__main__":
+  main()
