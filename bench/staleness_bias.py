@@ -18,10 +18,21 @@ fresh items' variance. Per regime it prints the medians over the estimates of
 * ``k``: the relative bias per step of age (``replay.auto.relative_bias``) and the horizon
   bound Thm 4.4's step-size condition gives, x_cap = 1/(2√2·k) (``auto_replay.bias_limit``).
 
-  python bench/staleness_bias.py [--steps 100] [--workdir /tmp/staleness_bias]
+With ``--longer_onpolicy N`` it first runs the sweep's on-policy configuration at lr 2e-4 for
+N learner steps (the sweep's 240 are a generation budget; a buffer at y = 2 or 4 takes 2–4×
+as many learner steps for it), seeds 0–2, and prints the held-out sampled accuracy averaged
+over the evaluations at steps 200–280 and over the last 80 steps: whether more learner steps
+alone lower accuracy at that rate.
 
-About 6 minutes per regime on a 2-core CPU (the base policy's warm start, cached, is once).
-The last line names the three k's.
+Before both, from the sweep's committed runs (``--archive``, read in place), it prints each
+configuration's held-out sampled accuracy at equal learner steps — the mean of its evaluations
+at steps 200–280 (on-policy's runs end at 240), median over seeds — to compare progress per
+learner step across designs. ``--steps 0`` prints only that.
+
+  python bench/staleness_bias.py [--steps 100] [--longer_onpolicy 480] [--workdir DIR]
+
+On a 2-core CPU: about 6 minutes for the three regimes, 18 with ``--longer_onpolicy 480`` (each
+seed's base policy warm start, cached, comes on top once). The last line names the three k's.
 """
 
 from __future__ import annotations
@@ -43,6 +54,16 @@ def _load(path):
   return mod
 
 
+def _apply(cfg, overrides: dict) -> None:
+  """Sets dotted ``section.field`` overrides on a config in place."""
+  for key, value in overrides.items():
+    *parents, leaf = key.split(".")
+    target = cfg
+    for part in parents:
+      target = target[part]
+    target[leaf] = value
+
+
 def run_regime(lr: float, steps: int, workdir: str) -> list[dict]:
   """One held-still self-tuning run at ``lr``; returns its records holding an estimate."""
   from jaxreplay.config import specs, validate
@@ -56,15 +77,52 @@ def run_regime(lr: float, steps: int, workdir: str) -> list[dict]:
                "train.steps": steps, "train.max_generated_rollouts": 0,
                "eval.every": 10 ** 6, "checkpoint.every": 10 ** 6, "seed": 0,
                "workdir": workdir}
-  for key, value in overrides.items():
-    *parents, leaf = key.split(".")
-    target = cfg
-    for part in parents:
-      target = target[part]
-    target[leaf] = value
+  _apply(cfg, overrides)
   shutil.rmtree(workdir, ignore_errors=True)
   loop.run(validate(specs(cfg)), log=lambda *a: None)
   return [r for r in read_records(workdir) if "noise/bias_slope" in r]
+
+
+def longer_onpolicy(steps: int, workdir: str) -> list[tuple[int, float, float]]:
+  """(seed, mean accuracy over the evaluations at steps 200–280, over the last 80 steps)
+  of the sweep's lr 2e-4 on-policy configuration run for ``steps`` learner steps."""
+  from jaxreplay.config import specs, validate
+  from jaxreplay.train import loop
+  from jaxreplay.train.metrics import read_records
+  sweep = _load(SWEEP)
+  out = []
+  for seed in (0, 1, 2):
+    cfg = _load(sweep.get_config().base_config).get_config()
+    run_dir = os.path.join(workdir, f"lr2e-4_onpolicy_{steps}", f"seed{seed}")
+    _apply(cfg, {**sweep.get_config().base_overrides.to_dict(), **sweep.fifo(1, 1),
+                 "algo.lr": sweep.REGIMES["lr2e-4"], "train.steps": steps,
+                 "eval.every": sweep.EVAL_EVERY, "checkpoint.every": 10 ** 6, "seed": seed,
+                 "workdir": run_dir})
+    shutil.rmtree(run_dir, ignore_errors=True)
+    loop.run(validate(specs(cfg)), log=lambda *a: None)
+    ev = {r["step"]: r["eval/acc_sampled"] for r in read_records(run_dir)
+          if "eval/acc_sampled" in r}
+    window = lambda lo, hi: statistics.mean(v for s, v in ev.items() if lo <= s <= hi)
+    out.append((seed, window(200, 280), window(steps - 80, steps)))
+  return out
+
+
+def accuracy_at_equal_steps(archive: str, lo: int = 200, hi: int = 280) -> dict[str, float]:
+  """{configuration: median over seeds of the mean ``eval/acc_sampled`` at steps lo..hi} of
+  an ``--export-runs`` archive's ``NAME/seedK/metrics.jsonl`` members."""
+  import json
+  import tarfile
+  per = {}
+  with tarfile.open(archive) as tar:
+    for m in tar.getmembers():
+      if not m.name.endswith("/metrics.jsonl"):
+        continue
+      recs = [json.loads(line) for line in tar.extractfile(m).read().decode().splitlines()]
+      vals = [r["eval/acc_sampled"] for r in recs
+              if "eval/acc_sampled" in r and lo <= r["step"] <= hi]
+      if vals:
+        per.setdefault(m.name.split("/")[0], []).append(statistics.mean(vals))
+  return {name: statistics.median(v) for name, v in sorted(per.items())}
 
 
 def summarize(recs: list[dict]) -> dict:
@@ -83,9 +141,26 @@ def summarize(recs: list[dict]) -> dict:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--steps", type=int, default=100)
+  ap.add_argument("--steps", type=int, default=100,
+                  help="learner steps per regime run (0: the archive table only)")
   ap.add_argument("--workdir", default="/tmp/staleness_bias")
+  ap.add_argument("--longer_onpolicy", type=int, default=0,
+                  help="also run lr 2e-4 on-policy for this many learner steps (>= 280)")
+  ap.add_argument("--archive", default="data/sweeps/where_replay_pays.tar.xz")
   args = ap.parse_args()
+  print("| configuration | acc at steps 200–280 (median over seeds) |")
+  print("|---|---|")
+  for name, acc in accuracy_at_equal_steps(args.archive).items():
+    print(f"| {name} | {acc:.3f} |")
+  if args.longer_onpolicy:
+    if args.longer_onpolicy < 280:
+      ap.error(f"--longer_onpolicy={args.longer_onpolicy} must be >= 280 (0: skip)")
+    print(f"| seed | lr2e-4 on-policy: acc, steps 200–280 | acc, last 80 of {args.longer_onpolicy} |")
+    print("|---|---|---|")
+    for seed, mid, end in longer_onpolicy(args.longer_onpolicy, args.workdir):
+      print(f"| {seed} | {mid:.3f} | {end:.3f} |")
+  if not args.steps:
+    return
   rows = {}
   for name, lr in _load(SWEEP).REGIMES.items():
     rows[name] = summarize(run_regime(lr, args.steps, os.path.join(args.workdir, name)))

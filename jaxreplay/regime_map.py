@@ -331,6 +331,9 @@ def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[s
                       "best fixed: tokens, % of on-policy", "self-tuning: tokens, % of on-policy",
                       "replay pays", "theory matched", "self-tuning ≤ 110% of best fixed"],
                      rows) + [""]
+  why = (sweep.get("report") or {}).get("why")  # the sweep file's measured explanation
+  if why and any(g.auto_verdict()[0].startswith("no") for g in regimes):
+    L += [f"Where self-tuning misses its target: {why}", ""]
 
   # every configuration of every regime
   L += ["Every configuration (final sampled accuracy: mean of the last evaluations; "

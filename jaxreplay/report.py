@@ -596,8 +596,9 @@ def write_report(sweep: dict, workdir: str, command: str) -> list[str]:
   ``claims`` (list of claim specs, see ``evaluate_claim``), ``title``, ``target_last`` (K,
   default 1: a run's final accuracy is the mean of its last K evaluations). With
   ``kind = "regime_map"`` the sweep is a regime map instead (``jaxreplay.regime_map``): its
-  "Where replay pays" section is spliced into the page and the rest left as it is; the
-  single-regime report keeps that section when it rewrites the page.
+  "Where replay pays" section is spliced into the page and the rest left as it is (its
+  ``why``, a markdown string, is printed under the table when a self-tuning verdict is no);
+  the single-regime report keeps that section when it rewrites the page.
   """
   rep = sweep.get("report", {}) or {}
   target = rep.get("results_md") or os.path.join(workdir, "results.md")

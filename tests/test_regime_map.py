@@ -129,10 +129,18 @@ def test_map_is_spliced_into_the_page_and_kept_by_the_single_regime_report(tmp_p
   # b: on-policy is the best fixed; the self-tuning buffer pays, as the theory predicts
   assert ("| `b_onpolicy` (1, 1) | 100 [100, 100] (3/3) | 50 [50, 50] (3/3) | yes | yes | "
           "yes (0.50×) |") in text
+  assert "Where self-tuning misses" not in text  # no ``why`` in the sweep file
   # the map again: replaced, not duplicated
   report.write_report({**s, "report": {**s["report"], "results_md": str(md)}}, str(tmp_path),
                       "cmd")
   assert md.read_text() == text and text.count(regime_map.MAP_END) == 1
+  # a sweep file's ``why`` is printed under the table when a verdict is no (a's is)
+  report.write_report({**s, "report": {**s["report"], "results_md": str(md),
+                                       "why": "stale items keep no signal."}},
+                      str(tmp_path), "cmd")
+  assert "\nWhere self-tuning misses its target: stale items keep no signal.\n" in md.read_text()
+  report.write_report({**s, "report": {**s["report"], "results_md": str(md)}}, str(tmp_path),
+                      "cmd")
   # the single-regime report rewrites the page and keeps the map
   single = {"seeds": [0, 1, 2], "base_config": "configs/default.py",
             "configurations": [dict(name="a_onpolicy", family="on"),
