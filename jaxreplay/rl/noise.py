@@ -47,6 +47,12 @@ s = 0 bucket carries no information on α). The spread of α and ρ is a delete-
 jackknife over items (``jackknife`` groups; Efron & Stein 1981 / Shao & Tu 1995 §2.1):
 SE = √((m−1)/m Σ_g (θ̂_(g) − θ̄)²).
 
+**Bias.** The paper's third assumption, ‖E[ε_{t,i} | F_t]‖ ≤ κ‖θ_t − θ_{t_i}‖, is the one its
+optimal design drops (Thm 4.5 is Thm 4.4 as compute → ∞). ``bias_profile`` measures it on the
+same projected gradients: per bucket, the squared distance of the bucket's mean gradient from
+the youngest items' mean, corrected for both means' sampling noise, and its largest slope per
+step of age (``NoiseEstimate.bias2``, ``bias_slope``, with ``grad2`` = ‖∇F‖²).
+
 **Cheap.** The estimators need only inner products of per-sample gradients, which a random
 Gaussian projection P ∈ R^{k×D} with entries N(0, 1/k) keeps in expectation
 (E⟨Pa, Pb⟩ = ⟨a, b⟩; Johnson–Lindenstrauss; Achlioptas 2003): ``projected_grads`` computes

@@ -7,7 +7,9 @@ monitor's):
   ESTIMATE  between INSERT and UPDATE, the buffer as the sampler is about to see it and the
             parameters θ_t it is about to update: ``rl.noise.make_buffer_noise_fn`` scores
             ``num_samples`` items (ages = policy version t − the item's version, so the
-            freshest are ``lag`` old, 0 in ``sync``) and gives α and ρ (``estimate``);
+            freshest are ``lag`` old, 0 in ``sync``) and gives α, ρ and the staleness
+            bias (``estimate``; k = ``auto.relative_bias`` of it, used with
+            ``auto_replay.bias_limit``);
   DECIDE    after UPDATE, in the step's RECORD (``record.record_step``): μ from the run's
             ledger through step t (``measured_mu``), then ``auto.update`` — R (a multiple
             of lcm(G, mesh data × fsdp), so a round still splits over the mesh) and the age
