@@ -39,12 +39,13 @@ per step (ĝ_B the minibatch gradient, E‖ĝ_B‖² = ‖∇F‖² + σ²(0)/B)
 step of age relative to ‖ĝ_B‖, which the noise pass measures (``rl.noise.bias_profile``):
 k = β_slope / √(‖∇F‖² + σ²(0)/B) (``relative_bias``). The controller folds k like the other
 estimates and, with ``bias_limit`` = c > 0 (1/(2√2) = ``BIAS_LIMIT`` is Thm 4.4's constant;
-0, the default, leaves the cap off), solves inside x ≤ c/k, and — when the sampler needs ``min_items`` items within the horizon —
-y ≤ x_cap·B/``min_items``, so the horizon the batch needs stays under the cap. Where stale
-items keep little of the fresh gradient (k ≳ 0.35), the cap is x = 1: on-policy. The cap is
-off by default because on the embedded task it does not separate the regimes: k measured
-0.5–1.8 both at lr 5e-5, where replay pays, and at 2e-4, where it does not
-(docs/replay-study.md), so it would hold every regime on-policy.
+0, the default, leaves the cap off), solves inside x ≤ x_cap = c/k and — when the sampler
+needs ``min_items`` items within the horizon — y ≤ x_cap·B/``min_items``, so the horizon
+the batch needs stays under the cap. Where stale items keep little of the fresh gradient
+(k ≳ 0.35), the cap is x = 1: on-policy. The cap is off by default because on the embedded
+task it does not separate the regimes: k measured 0.83–1.44 in all three learning-rate
+regimes, highest at 5e-5, where replay pays (``bench/staleness_bias.py``,
+docs/replay-study.md), so it would hold every regime on-policy.
 
 The state is a frozen dataclass of Python scalars with an exact ``to_dict`` /
 ``from_dict`` round trip (JSON-safe: ``None`` for "no estimate yet", never NaN), so it is
@@ -212,7 +213,8 @@ class AutoReplayState:
     return cls(rollouts_per_step=int(d["rollouts_per_step"]),
                max_staleness=opt(d["max_staleness"], int), mu=opt(d["mu"], float),
                alpha=opt(d["alpha"], float), rho=opt(d["rho"], float),
-               kappa=opt(d.get("kappa"), float), num_estimates=int(d["num_estimates"]), last_step=int(d["last_step"]),
+               kappa=opt(d.get("kappa"), float), num_estimates=int(d["num_estimates"]),
+               last_step=int(d["last_step"]),
                log=tuple(Change(**c) for c in d["log"]))
 
 
@@ -329,9 +331,9 @@ def plan(mu: float, alpha: float, rho: float, spec: AutoReplaySpec, *, batch_siz
     r = min(max(r, need), max(group_size, group_size * (capacity // group_size)))
   y_r = batch_size / r
   s2 = theory.power_law_sigma2_bar(a)
-  cands = sorted({max(1, min(math.floor(x), math.floor(x_cap))), max(1, math.ceil(x))})
-  if x_cap < spec.x_max:
-    cands = [c for c in cands if c <= max(1, math.floor(x_cap))] or [1]
+  cands = sorted({max(1, math.floor(x)), max(1, math.ceil(x))})
+  if x_cap < spec.x_max:  # whole steps under the cap: ⌈x⌉ may pass it, ⌊x⌋ never does
+    cands = [c for c in cands if c <= max(1, math.floor(x_cap))]
   h = min(cands, key=lambda c: theory.objective(c, y_r, mu, r_, s2))
   h = max(1, min(max(h, math.ceil(min_items / r)), math.ceil(capacity / r)))
   return Plan(x=x, y=y, rollouts_per_step=int(r), horizon=int(h),
