@@ -300,6 +300,21 @@ def test_bias_profile_recovers_a_known_bias_slope_and_the_fresh_gradient():
   g0 = f[None] + 0.5 * rng.normal(size=(n, k))
   assert float(nz.estimate_noise(jnp.asarray(g0), jnp.asarray(ages), num_items=n)
                .bias_slope) < 0.25
+  # G = 8 completions of a prompt share a component (correlation 0.3): v/n understates the
+  # variance of a bucket mean and the no-bias slope inflates; the cluster-robust correction
+  # over group_id brings the floor down (5 ages × 4 groups of 8, as the bench's buffer)
+  ages5 = np.repeat(np.arange(5), 32)
+  grp = np.arange(160) // 8
+  floors = {True: [], False: []}
+  for _ in range(12):
+    x = (f[None] + np.sqrt(0.3) * 2 * rng.normal(size=(20, k))[grp]
+         + np.sqrt(0.7) * 2 * rng.normal(size=(160, k)))
+    for use in (True, False):
+      e = nz.estimate_noise(jnp.asarray(x), jnp.asarray(ages5), num_items=160,
+                            groups=jnp.asarray(grp) if use else None)
+      floors[use].append(auto.relative_bias(e.bias_slope, e.grad2, e.fresh_var, 64))
+  assert np.median(floors[True]) < 0.75 < 1.0 < np.median(floors[False])
+  assert auto.bias_cap(float("nan"), auto.AutoReplaySpec(bias_limit=0.3)) == 64.0
   # one age only: nothing to compare with
   one = nz.estimate_noise(jnp.asarray(g), jnp.zeros(n, jnp.int32), num_items=n)
   assert np.isnan(float(one.bias_slope)) and np.isfinite(float(one.grad2))

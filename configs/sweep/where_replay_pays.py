@@ -123,15 +123,14 @@ def get_config():
       target_last=3,   # a run's final accuracy: the mean of its last 3 evaluations
       x_bounds=(1.0, 8.0), y_bounds=(1.0, 4.0),
       # measured by bench/staleness_bias.py (docs/replay-study.md#why-the-self-tuning-buffer-misses)
-      why=("the controller follows the theory at its estimates, and the theory's premises do "
-           "not hold on this task. A one-step-old item keeps none of the fresh gradient "
-           "(β²(1)/‖∇F‖² = 1.2–2.8) and its gradient is smaller (α < 0: PPO clipping), which "
-           "the controller reads as free staleness; Thm 4.4's step-size condition fails at "
-           "every horizon in every regime (bias per step of age k = 0.83–1.44 > 0.354), so a "
-           "cap by it would keep all three on-policy. What decides these runs is how many "
-           "learner steps still help: at lr5e-5 a buffer's accuracy per learner step matches "
-           "on-policy's, at lr2e-4 it is lower and on-policy itself stops improving after "
-           "step 240. At lr1e-4 the best fixed buffer's 34 [28, 73]% is noisier than the 110% "
-           "window. [Measurements](replay-study.md#why-the-self-tuning-buffer-misses)."),
+      why=("the controller follows the theory at its estimates, and the estimates do not "
+           "describe what decides these runs. An item's gradient noise falls with its age "
+           "from age 1 on (α < 0 in every regime), which the controller, clipping α to 0, "
+           "reads as free staleness; the bias the optimal design drops (Thm 4.4) is "
+           "noise-dominated at this size. What decides them is how many learner steps still "
+           "help: at lr5e-5 a buffer's accuracy per learner step matches on-policy's, at "
+           "lr2e-4 it is lower and on-policy itself stops improving after step 240. At lr1e-4 "
+           "the best fixed buffer's 34 [28, 73]% is noisier than the 110% window. "
+           "[Measurements](replay-study.md#why-the-self-tuning-buffer-misses)."),
   ))
   return c

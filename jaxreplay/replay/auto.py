@@ -37,15 +37,16 @@ the bias assumption ‖E[ε_{t,i}]‖ ≤ κ‖θ_t − θ_{t_i}‖. At a fixed 
 condition bounds the horizon: x ≤ 1/(2√2·κη). With the parameters moving about η‖ĝ_B‖
 per step (ĝ_B the minibatch gradient, E‖ĝ_B‖² = ‖∇F‖² + σ²(0)/B), κη is the bias per
 step of age relative to ‖ĝ_B‖, which the noise pass measures (``rl.noise.bias_profile``):
-k = β_slope / √(‖∇F‖² + σ²(0)/B) (``relative_bias``). The controller folds k like the other
+k = β_slope / √(‖∇F‖² + σ²(0)/B) (``relative_bias``) — an SGD reading: under Adam the step
+does not scale with ‖ĝ_B‖, so k is κη only approximately. The controller folds k like the other
 estimates and, with ``bias_limit`` = c > 0 (1/(2√2) = ``BIAS_LIMIT`` is Thm 4.4's constant;
 0, the default, leaves the cap off), solves inside x ≤ x_cap = c/k and — when the sampler
 needs ``min_items`` items within the horizon — y ≤ x_cap·B/``min_items``, so the horizon
-the batch needs stays under the cap. Where stale items keep little of the fresh gradient
-(k ≳ 0.35), the cap is x = 1: on-policy. The cap is off by default because on the embedded
-task it does not separate the regimes: k measured 0.83–1.44 in all three learning-rate
-regimes, highest at 5e-5, where replay pays (``bench/staleness_bias.py``,
-docs/replay-study.md), so it would hold every regime on-policy.
+the batch needs stays under the cap. Where the bias per step of age exceeds ~0.35 of the
+minibatch gradient, the cap is x = 1: on-policy. The cap is off by default: on the embedded
+task, with 4 groups of 8 completions per age, the estimate is noise-dominated (k read 0.26,
+1.17 and 0.00 in three learning-rate regimes, in no order of their outcomes;
+``bench/staleness_bias.py``, docs/replay-study.md).
 
 The state is a frozen dataclass of Python scalars with an exact ``to_dict`` /
 ``from_dict`` round trip (JSON-safe: ``None`` for "no estimate yet", never NaN), so it is
@@ -253,8 +254,8 @@ def relative_bias(bias_slope, grad2, fresh_var, batch_size: int) -> float:
 
 def bias_cap(kappa: float | None, spec: AutoReplaySpec) -> float:
   """The horizon bound x_cap = clip(``bias_limit``/k, x_min, x_max); x_max when the cap is
-  off (``bias_limit`` = 0) or k is unknown (None) or 0."""
-  if not spec.bias_limit or kappa is None or kappa <= 0:
+  off (``bias_limit`` = 0) or k is unknown (None, NaN) or 0."""
+  if not spec.bias_limit or kappa is None or not kappa > 0 or not math.isfinite(kappa):
     return spec.x_max
   return min(max(spec.bias_limit / kappa, spec.x_min), spec.x_max)
 

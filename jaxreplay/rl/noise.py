@@ -253,17 +253,23 @@ def _point(errors, ages, valid, a, num_items, edges, iters, min_count):
   return sigma2, count.astype(jnp.int32), age, alpha, log_s1, rho
 
 
-def bias_profile(grads, ages, valid, edges=DEFAULT_EDGES, min_count: int = 2):
+def bias_profile(grads, ages, valid, edges=DEFAULT_EDGES, min_count: int = 2, groups=None):
   """The bias of stale items' expected gradient against the youngest items' (Thm 4.4).
 
   The paper's bias assumption is ‖E[ε_{t,i} | F_t]‖ ≤ κ‖θ_t − θ_{t_i}‖ (§4; NOTES.md §4):
   an item generated s steps ago has an expected gradient off ∇F(θ_t) by up to κ times the
   distance the parameters moved since. With m_0 the mean gradient of the youngest items
   (age s_min: 0 in ``sync``, an unbiased estimate of ∇F), m_b a bucket's mean and v the
-  per-item within-group variance Σ‖g − m‖²/(n − 1),
+  per-item variance Σ‖g − m‖²/(n − 1),
 
-      β̂²_b = ‖m_b − m_0‖² − v_b/n_b − v_0/n_0   (unbiased for ‖E m_b − ∇F‖²),
-      ĝ² = ‖m_0‖² − v_0/n_0                      (unbiased for ‖∇F‖²),
+      β̂²_b = ‖m_b − m_0‖² − V̂(m_b) − V̂(m_0)   (for ‖E m_b − ∇F‖²),
+      ĝ² = ‖m_0‖² − V̂(m_0)                      (for ‖∇F‖²),
+
+  with V̂(m) the cluster-robust variance of a mean over ``groups`` (the G completions of one
+  prompt are correlated, so v/n would understate it): V̂(m) = C/(C − 1) · Σ_c ‖Σ_{i∈c}
+  (g_i − m)‖² / n², C the clusters in the bucket (Liang & Zeger 1986); with every item its
+  own cluster this is v/n, the unbiased correction for independent items. Groups must not
+  straddle buckets (a group is generated, hence aged, together).
 
   and the bias per step of age is max_b β̂_b/(s̄_b − s_min) over buckets with at least
   ``min_count`` items (β̂_b = √max(β̂²_b, 0); s̄_b the bucket's mean age). The maximum makes
@@ -274,11 +280,14 @@ def bias_profile(grads, ages, valid, edges=DEFAULT_EDGES, min_count: int = 2):
   Args:
     grads: [n, k] float per-item gradients (or projections), all at θ_t.
     ages: [n] int staleness. valid: [n] bool. edges: bucket lower edges (static).
-    min_count: >= 2 items a bucket (and the youngest age) needs.
+    min_count: >= 2 items a bucket (and the youngest age) needs; it also needs 2 clusters.
+    groups: [n] int cluster labels (``Rollout.group_id``), or None (independent items).
 
   Returns:
     (bias2 [E], bias_slope, grad2, fresh_var) float32; NaN where not identifiable (fewer
-    than ``min_count`` youngest items, no other usable bucket).
+    than ``min_count`` youngest items or 2 clusters, no other usable bucket). The maximum
+    over noisy buckets has a floor above 0 when there is no bias (with 4 groups of 8 per
+    age and 5 ages, about 0.3–0.5 relative to the minibatch gradient: the tests simulate it).
   """
   grads = jnp.asarray(grads, jnp.float32)
   m = valid.astype(jnp.float32)
@@ -287,24 +296,35 @@ def bias_profile(grads, ages, valid, edges=DEFAULT_EDGES, min_count: int = 2):
   young = m * (ages == s_min)
   onehot = _onehot(ages, valid, edges) * (1.0 - young)[:, None]  # youngest items apart
 
-  def group(w):  # mean [k], within-group variance (per item), count
+  n_all = ages.shape[0]
+  if groups is None:
+    cluster = jnp.arange(n_all)
+  else:  # labels 0..n−1 of the sample's distinct groups
+    _, cluster = jnp.unique(jnp.asarray(groups), size=n_all, return_inverse=True)
+    cluster = cluster.reshape(-1)
+
+  def stats(w):  # mean [k], per-item variance, count, cluster-robust variance of the mean
     n = w.sum()
     mean = jnp.matmul(w, grads, precision=_HI) / jnp.maximum(n, 1.0)
-    ss = (w * ((grads - mean[None, :]) ** 2).sum(1)).sum()
-    return mean, ss / jnp.maximum(n - 1.0, 1.0), n
+    dev = w[:, None] * (grads - mean[None, :])
+    ss = (dev ** 2).sum()
+    sums = jax.ops.segment_sum(dev, cluster, num_segments=n_all)
+    c = (jax.ops.segment_sum(w, cluster, num_segments=n_all) > 0).sum().astype(jnp.float32)
+    v_mean = c / jnp.maximum(c - 1.0, 1.0) * (sums ** 2).sum() / jnp.maximum(n, 1.0) ** 2
+    return mean, ss / jnp.maximum(n - 1.0, 1.0), n, v_mean, c
 
-  m0, v0, n0 = group(young)
-  means, var, n_b = jax.vmap(group, in_axes=1)(onehot)
+  m0, v0, n0, vm0, c0 = stats(young)
+  means, _, n_b, vm_b, c_b = jax.vmap(stats, in_axes=1)(onehot)
   d2 = ((means - m0[None, :]) ** 2).sum(1)
-  bias2 = d2 - var / jnp.maximum(n_b, 1.0) - v0 / jnp.maximum(n0, 1.0)
+  bias2 = d2 - vm_b - vm0
   age_b = jnp.matmul(ages.astype(jnp.float32), onehot, precision=_HI) / jnp.maximum(n_b, 1.0)
-  use = (n_b >= min_count) & (n0 >= min_count)
+  use = (n_b >= min_count) & (n0 >= min_count) & (c_b >= 2) & (c0 >= 2)
   slope = jnp.where(use, jnp.sqrt(jnp.maximum(bias2, 0.0)) /
                     jnp.maximum(age_b - s_min.astype(jnp.float32), 1e-6), -jnp.inf)
-  ok0 = n0 >= min_count
+  ok0 = (n0 >= min_count) & (c0 >= 2)
   return (jnp.where(use, bias2, jnp.nan),
           jnp.where(use.any(), slope.max(), jnp.nan),
-          jnp.where(ok0, (m0 ** 2).sum() - v0 / jnp.maximum(n0, 1.0), jnp.nan),
+          jnp.where(ok0, (m0 ** 2).sum() - vm0, jnp.nan),
           jnp.where(ok0, v0, jnp.nan))
 
 
@@ -312,7 +332,7 @@ def bias_profile(grads, ages, valid, edges=DEFAULT_EDGES, min_count: int = 2):
                                              "min_count"))
 def estimate_noise(grads, ages, valid=None, *, num_items, edges=DEFAULT_EDGES,
                    center: str = "mean", reference=None, iters: int = 3, jackknife: int = 8,
-                   min_count: int = 2) -> NoiseEstimate:
+                   min_count: int = 2, groups=None) -> NoiseEstimate:
   """σ²(s) per staleness bucket, α and ρ from per-sample gradients (module docstring).
 
   Pure and jitted (``edges`` a tuple, ``center``, ``iters``, ``jackknife``, ``min_count``
@@ -335,6 +355,8 @@ def estimate_noise(grads, ages, valid=None, *, num_items, edges=DEFAULT_EDGES,
     jackknife: m >= 2 delete-a-group jackknife groups (item i in group i mod m), or 0 for
       no standard errors (NaN).
     min_count: items a bucket needs to enter the α fit.
+    groups: [n] int cluster labels for the bias's variance correction (``bias_profile``;
+      ``Rollout.group_id``), or None.
 
   Returns:
     ``NoiseEstimate`` (float32; NaN where not identifiable: empty buckets, < 2 usable
@@ -368,15 +390,16 @@ def estimate_noise(grads, ages, valid=None, *, num_items, edges=DEFAULT_EDGES,
   sigma2, count, age, alpha, log_s1, rho = run(valid)
   alpha_se = rho_se = jnp.float32(jnp.nan)
   if jackknife:
-    groups = jnp.arange(n) % jackknife
-    masks = valid[None, :] & (groups[None, :] != jnp.arange(jackknife)[:, None])
+    folds = jnp.arange(n) % jackknife
+    masks = valid[None, :] & (folds[None, :] != jnp.arange(jackknife)[:, None])
     _, _, _, a_j, _, r_j = jax.vmap(run)(masks)
     se = lambda t: jnp.sqrt((jackknife - 1) / jackknife * ((t - t.mean()) ** 2).sum())
     alpha_se, rho_se = se(a_j), se(r_j)
   # no staleness-0 item to centre on ('fresh'): nothing is measured
   ok = (valid & (ages == 0)).any() if center == "fresh" else jnp.bool_(True)
   nan = lambda x: jnp.where(ok, x, jnp.nan)
-  bias2, slope, grad2, fresh_var = bias_profile(grads, ages, valid, edges, max(min_count, 2))
+  bias2, slope, grad2, fresh_var = bias_profile(grads, ages, valid, edges,
+                                                max(min_count, 2), groups)
   return NoiseEstimate(sigma2=nan(sigma2), count=count, age=age, alpha=nan(alpha),
                        alpha_se=nan(alpha_se), log_sigma1=nan(log_s1), rho=nan(rho),
                        rho_se=nan(rho_se), num_items=valid.sum().astype(jnp.int32),
@@ -591,7 +614,8 @@ def make_noise_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int =
   def noise(params, items, ages, valid, key, num_items):
     g = projected_item_grads(loss_vec, params, items, ages, key, num_projections, rows)
     return estimate_noise(g, ages, valid, num_items=num_items, edges=edges, center=center,
-                          iters=iters, jackknife=jackknife, min_count=min_count)
+                          iters=iters, jackknife=jackknife, min_count=min_count,
+                          groups=items.group_id)
 
   return noise
 
