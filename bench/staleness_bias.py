@@ -27,7 +27,8 @@ alone lower accuracy at that rate.
 Before both, from the sweep's committed runs (``--archive``, read in place), it prints each
 configuration's held-out sampled accuracy at equal learner steps — the mean of its evaluations
 at steps 200–280 (on-policy's runs end at 240), median over seeds — to compare progress per
-learner step across designs. ``--steps 0`` prints only that.
+learner step across designs, and the range of the sweep's single ρ estimates. ``--steps 0``
+prints only those.
 
   python bench/staleness_bias.py [--steps 100] [--longer_onpolicy 480] [--workdir DIR]
 
@@ -125,6 +126,21 @@ def accuracy_at_equal_steps(archive: str, lo: int = 200, hi: int = 280) -> dict[
   return {name: statistics.median(v) for name, v in sorted(per.items())}
 
 
+def rho_estimates(archive: str) -> list[float]:
+  """Every finite single ``noise/rho`` estimate of an ``--export-runs`` archive's runs."""
+  import json
+  import tarfile
+  out = []
+  with tarfile.open(archive) as tar:
+    for m in tar.getmembers():
+      if m.name.endswith("/metrics.jsonl"):
+        for line in tar.extractfile(m).read().decode().splitlines():
+          v = json.loads(line).get("noise/rho")
+          if isinstance(v, float) and math.isfinite(v):
+            out.append(v)
+  return out
+
+
 def summarize(recs: list[dict]) -> dict:
   """Medians over the estimates (module docstring)."""
   med = lambda xs: statistics.median(xs) if xs else math.nan
@@ -152,6 +168,10 @@ def main():
   print("|---|---|")
   for name, acc in accuracy_at_equal_steps(args.archive).items():
     print(f"| {name} | {acc:.3f} |")
+  rho = rho_estimates(args.archive)
+  if rho:
+    print(f"single rho estimates of the sweep: {len(rho)}, min {min(rho):.1f}, median "
+          f"{statistics.median(rho):.2f}, max {max(rho):.1f}")
   if args.longer_onpolicy:
     if args.longer_onpolicy < 280:
       ap.error(f"--longer_onpolicy={args.longer_onpolicy} must be >= 280 (0: skip)")
