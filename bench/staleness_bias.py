@@ -16,7 +16,13 @@ fresh items' variance. Per regime it prints the medians over the estimates of
   the fresh one, in units of the fresh gradient's own squared norm (0: it carries the same
   signal; ~1 or more: none of it);
 * ``k``: the relative bias per step of age (``replay.auto.relative_bias``) and the horizon
-  bound Thm 4.4's step-size condition gives, x_cap = 1/(2√2·k) (``auto_replay.bias_limit``).
+  bound Thm 4.4's step-size condition gives, x_cap = 1/(2√2·k) (``auto_replay.bias_limit``);
+
+and, over all the run's learner steps, the share of loss tokens of age 0, 1 and 2–3 whose
+gradient the PPO clip removed (``stale/<bucket>/clip_frac``, token-weighted). With
+``--unclipped`` each regime runs again with the noise pass scoring the same items at the same
+parameters with the clip range opened: whether the clip is what makes older items' gradient
+noise smaller.
 
 With ``--longer_onpolicy N`` it first runs the sweep's on-policy configuration at lr 2e-4 for
 N learner steps (the sweep's 240 are a generation budget; a buffer at y = 2 or 4 takes 2–4×
@@ -30,10 +36,12 @@ at steps 200–280 (on-policy's runs end at 240), median over seeds — to compa
 learner step across designs, and the range of the sweep's single ρ estimates. ``--steps 0``
 prints only those.
 
-  python bench/staleness_bias.py [--steps 100] [--longer_onpolicy 480] [--workdir DIR]
+  python bench/staleness_bias.py [--steps 100] [--unclipped] [--longer_onpolicy 480]
+                                 [--workdir DIR]
 
-On a 2-core CPU: about 6 minutes for the three regimes, 18 with ``--longer_onpolicy 480`` (each
-seed's base policy warm start, cached, comes on top once). The last line names the three k's.
+On a 2-core CPU: about 6 minutes for the three regimes (twice that with ``--unclipped``), 18
+with ``--longer_onpolicy 480`` (each seed's base policy warm start, cached, comes on top once).
+The last line names the three k's.
 """
 
 from __future__ import annotations
@@ -65,10 +73,16 @@ def _apply(cfg, overrides: dict) -> None:
     target[leaf] = value
 
 
-def run_regime(lr: float, steps: int, workdir: str) -> list[dict]:
-  """One held-still self-tuning run at ``lr``; returns its records holding an estimate."""
+def run_regime(lr: float, steps: int, workdir: str, unclipped: bool = False) -> list[dict]:
+  """One held-still self-tuning run at ``lr``; returns its metric records, one per step.
+
+  ``unclipped``: the noise pass scores the items with the clip range opened
+  (ε_low = ε_high = 1e9), the training itself unchanged — the same parameters, items and
+  projections as the clipped run's, so the two runs' estimates are paired.
+  """
+  import dataclasses
   from jaxreplay.config import specs, validate
-  from jaxreplay.train import loop
+  from jaxreplay.train import build, loop
   from jaxreplay.train.metrics import read_records
   sweep = _load(SWEEP)
   cfg = _load(sweep.get_config().base_config).get_config()
@@ -80,8 +94,27 @@ def run_regime(lr: float, steps: int, workdir: str) -> list[dict]:
                "workdir": workdir}
   _apply(cfg, overrides)
   shutil.rmtree(workdir, ignore_errors=True)
-  loop.run(validate(specs(cfg)), log=lambda *a: None)
-  return [r for r in read_records(workdir) if "noise/bias_slope" in r]
+  make_noise = build.make_buffer_noise_fn
+  if unclipped:
+    build.make_buffer_noise_fn = lambda graphdef, algo, *a, **k: make_noise(
+        graphdef, dataclasses.replace(algo, eps_low=1e9, eps_high=1e9), *a, **k)
+  try:
+    loop.run(validate(specs(cfg)), log=lambda *a: None)
+  finally:
+    build.make_buffer_noise_fn = make_noise
+  return read_records(workdir)
+
+
+def clip_fractions(recs: list[dict], buckets=("s0", "s1", "s2-3")) -> dict[str, float]:
+  """{bucket: share of the learner's loss tokens of that staleness whose gradient the PPO
+  clip removed} over a run (``stale/<bucket>/clip_frac`` weighted by its ``tokens``)."""
+  out = {}
+  for b in buckets:
+    pairs = [(r[f"stale/{b}/clip_frac"], r[f"stale/{b}/tokens"]) for r in recs
+             if f"stale/{b}/clip_frac" in r]
+    tokens = sum(t for _, t in pairs)
+    out[b] = sum(c * t for c, t in pairs) / tokens if tokens else math.nan
+  return out
 
 
 def longer_onpolicy(steps: int, workdir: str) -> list[tuple[int, float, float]]:
@@ -142,7 +175,9 @@ def rho_estimates(archive: str) -> list[float]:
 
 
 def summarize(recs: list[dict]) -> dict:
-  """Medians over the estimates (module docstring)."""
+  """Medians over the estimates (module docstring), and the run's clip fractions."""
+  clip = clip_fractions(recs)
+  recs = [r for r in recs if "noise/bias_slope" in r]
   med = lambda xs: statistics.median(xs) if xs else math.nan
   var_ratio = [r["noise/sigma2_s1"] / r["noise/sigma2_s0"] for r in recs
                if "noise/sigma2_s1" in r and r.get("noise/sigma2_s0", 0) > 0]
@@ -152,7 +187,7 @@ def summarize(recs: list[dict]) -> dict:
   alpha = [r["noise/alpha"] for r in recs if math.isfinite(r["noise/alpha"])]
   km = med(k)
   return {"estimates": len(recs), "var_ratio": med(var_ratio), "alpha": med(alpha),
-          "bias1": med(bias1), "k": km, "x_cap": 1 / (2 * math.sqrt(2) * km) if km else math.nan}
+          "bias1": med(bias1), "k": km, "x_cap": 1 / (2 * math.sqrt(2) * km) if km else math.nan, "clip": clip}
 
 
 def main():
@@ -162,6 +197,8 @@ def main():
   ap.add_argument("--workdir", default="/tmp/staleness_bias")
   ap.add_argument("--longer_onpolicy", type=int, default=0,
                   help="also run lr 2e-4 on-policy for this many learner steps (>= 280)")
+  ap.add_argument("--unclipped", action="store_true",
+                  help="also rerun each regime with the noise pass's clip range opened")
   ap.add_argument("--archive", default="data/sweeps/where_replay_pays.tar.xz")
   args = ap.parse_args()
   print("| configuration | acc at steps 200–280 (median over seeds) |")
@@ -189,6 +226,22 @@ def main():
   for name, s in rows.items():
     print(f"| {name} | {s['estimates']} | {s['var_ratio']:.2f} | {s['alpha']:.2f} | "
           f"{s['bias1']:.2f} | {s['k']:.2f} | {s['x_cap']:.2f} |")
+  print("| regime | PPO-clipped share of loss tokens: age 0 | age 1 | ages 2–3 |")
+  print("|---|---|---|---|")
+  for name, s in rows.items():
+    c = s["clip"]
+    print(f"| {name} | {c['s0']:.3f} | {c['s1']:.3f} | {c['s2-3']:.3f} |")
+  if args.unclipped:
+    from jaxreplay.train.metrics import read_records
+    print("| regime | σ²(1)/σ²(0) clipped | unclipped | α clipped | unclipped | same training |")
+    print("|---|---|---|---|---|---|")
+    for name, lr in _load(SWEEP).REGIMES.items():
+      recs = run_regime(lr, args.steps, os.path.join(args.workdir, name + "_unclipped"), True)
+      u, c = summarize(recs), rows[name]
+      same = [r.get("loss") for r in recs] == [r.get("loss") for r in
+                                               read_records(os.path.join(args.workdir, name))]
+      print(f"| {name} | {c['var_ratio']:.2f} | {u['var_ratio']:.2f} | {c['alpha']:.2f} | "
+            f"{u['alpha']:.2f} | {'yes' if same else 'no'} |")
   print("relative bias per step of age k: " + ", ".join(
       f"{name} {s['k']:.2f}" for name, s in rows.items()))
 
