@@ -33,8 +33,10 @@ alone lower accuracy at that rate.
 Before both, from the sweep's committed runs (``--archive``, read in place), it prints each
 configuration's held-out sampled accuracy at equal learner steps — the mean of its evaluations
 at steps 200–280 (on-policy's runs end at 240), median over seeds — to compare progress per
-learner step across designs, and the range of the sweep's single ρ estimates. ``--steps 0``
-prints only those.
+learner step across designs, the range of the sweep's single ρ estimates, and per regime one
+held-out evaluation's jitter next to on-policy's gain over the second half of its run
+(``evaluation_jitter``; when they are of a size, the step at which a run first reaches
+on-policy's final accuracy is set by one evaluation's noise). ``--steps 0`` prints only those.
 
   python bench/staleness_bias.py [--steps 100] [--unclipped] [--longer_onpolicy 480]
                                  [--workdir DIR]
@@ -159,6 +161,37 @@ def accuracy_at_equal_steps(archive: str, lo: int = 200, hi: int = 280) -> dict[
   return {name: statistics.median(v) for name, v in sorted(per.items())}
 
 
+def evaluation_jitter(archive: str) -> dict[str, tuple[float, float]]:
+  """{regime: (jitter, gain)} of an ``--export-runs`` archive's runs: how noisy one held-out
+  evaluation is next to how much on-policy still improves when the target is set.
+
+  ``jitter`` is the median over the regime's runs of std(a_{k+1} - a_k)/√2 over the
+  consecutive evaluations a_k of ``eval/acc_sampled`` in the second half of a run (a slowly
+  moving curve: what remains is mostly the evaluation's own noise, in accuracy units).
+  ``gain`` is the median over the regime's on-policy seeds of the mean of the last 3
+  evaluations (the report's target) minus the evaluation at half the run.
+  """
+  import json
+  import tarfile
+  jit, gain = {}, {}
+  with tarfile.open(archive) as tar:
+    for m in tar.getmembers():
+      if not m.name.endswith("/metrics.jsonl"):
+        continue
+      name = m.name.split("/")[0]
+      regime = name.split("_")[0]
+      recs = [json.loads(line) for line in tar.extractfile(m).read().decode().splitlines()]
+      acc = [r["eval/acc_sampled"] for r in recs if "eval/acc_sampled" in r]
+      half = acc[len(acc) // 2:]
+      if len(half) >= 3:
+        diffs = [b - a for a, b in zip(half, half[1:])]
+        jit.setdefault(regime, []).append(statistics.stdev(diffs) / math.sqrt(2))
+      if name.endswith("_onpolicy") and len(acc) >= 6:
+        gain.setdefault(regime, []).append(statistics.mean(acc[-3:]) - acc[len(acc) // 2])
+  return {r: (statistics.median(jit[r]), statistics.median(gain.get(r, [math.nan])))
+          for r in sorted(jit)}
+
+
 def rho_estimates(archive: str) -> list[float]:
   """Every finite single ``noise/rho`` estimate of an ``--export-runs`` archive's runs."""
   import json
@@ -209,6 +242,11 @@ def main():
   if rho:
     print(f"single rho estimates of the sweep: {len(rho)}, min {min(rho):.1f}, median "
           f"{statistics.median(rho):.2f}, max {max(rho):.1f}")
+  print("| regime | one evaluation's jitter (median over runs) | on-policy's gain over its "
+        "second half |")
+  print("|---|---|---|")
+  for regime, (jitter, gain) in evaluation_jitter(args.archive).items():
+    print(f"| {regime} | {jitter:.3f} | {gain:+.3f} |")
   if args.longer_onpolicy:
     if args.longer_onpolicy < 280:
       ap.error(f"--longer_onpolicy={args.longer_onpolicy} must be >= 280 (0: skip)")
