@@ -6,6 +6,13 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
+def pytest_xdist_auto_num_workers(config):
+  """Workers for ``-n auto`` (pyproject's addopts): one per core, at most 4. Each worker is a
+  JAX process with 8 fake devices, and ``--dist loadfile`` keeps a file's module fixtures
+  (a trained base policy, a sweep) in one worker; past 4 the end-to-end files only contend."""
+  return max(1, min(os.cpu_count() or 1, 4))
+
+
 def load_bench(name: str):
   """The module ``bench/NAME.py`` (bench/ is scripts, not a package)."""
   import importlib.util
