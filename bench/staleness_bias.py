@@ -143,68 +143,65 @@ def longer_onpolicy(steps: int, workdir: str) -> list[tuple[int, float, float]]:
   return out
 
 
-def accuracy_at_equal_steps(archive: str, lo: int = 200, hi: int = 280) -> dict[str, float]:
-  """{configuration: median over seeds of the mean ``eval/acc_sampled`` at steps lo..hi} of
-  an ``--export-runs`` archive's ``NAME/seedK/metrics.jsonl`` members."""
+def archive_runs(archive: str):
+  """Yields (configuration, records) for each ``NAME/seedK/metrics.jsonl`` of an
+  ``--export-runs`` archive (a .tar.xz), read in place.
+
+  Raises:
+    FileNotFoundError, tarfile.ReadError: the archive is missing or not a tar file.
+  """
   import json
   import tarfile
-  per = {}
   with tarfile.open(archive) as tar:
     for m in tar.getmembers():
-      if not m.name.endswith("/metrics.jsonl"):
-        continue
-      recs = [json.loads(line) for line in tar.extractfile(m).read().decode().splitlines()]
-      vals = [r["eval/acc_sampled"] for r in recs
-              if "eval/acc_sampled" in r and lo <= r["step"] <= hi]
-      if vals:
-        per.setdefault(m.name.split("/")[0], []).append(statistics.mean(vals))
+      if m.name.endswith("/metrics.jsonl"):
+        body = tar.extractfile(m).read().decode()
+        yield m.name.split("/")[0], [json.loads(line) for line in body.splitlines()]
+
+
+def accuracy_at_equal_steps(archive: str, lo: int = 200, hi: int = 280) -> dict[str, float]:
+  """{configuration: median over seeds of the mean ``eval/acc_sampled`` (accuracy in [0, 1])
+  at steps lo..hi} of an ``--export-runs`` archive's runs (``archive_runs``)."""
+  per = {}
+  for name, recs in archive_runs(archive):
+    vals = [r["eval/acc_sampled"] for r in recs
+            if "eval/acc_sampled" in r and lo <= r["step"] <= hi]
+    if vals:
+      per.setdefault(name, []).append(statistics.mean(vals))
   return {name: statistics.median(v) for name, v in sorted(per.items())}
 
 
 def evaluation_jitter(archive: str) -> dict[str, tuple[float, float]]:
-  """{regime: (jitter, gain)} of an ``--export-runs`` archive's runs: how noisy one held-out
-  evaluation is next to how much on-policy still improves when the target is set.
+  """{regime: (jitter, gain)} of an ``--export-runs`` archive's runs (``archive_runs``): how
+  noisy one held-out evaluation is next to how much on-policy still improves when the target
+  is set. Both floats are in accuracy units; the regime is a configuration's name up to its
+  first ``_``.
 
   ``jitter`` is the median over the regime's runs of std(a_{k+1} - a_k)/√2 over the
   consecutive evaluations a_k of ``eval/acc_sampled`` in the second half of a run (a slowly
-  moving curve: what remains is mostly the evaluation's own noise, in accuracy units).
-  ``gain`` is the median over the regime's on-policy seeds of the mean of the last 3
-  evaluations (the report's target) minus the evaluation at half the run.
+  moving curve: what remains is mostly the evaluation's own noise); runs with fewer than 3
+  evaluations there are skipped. ``gain`` is the median over the regime's on-policy seeds
+  (>= 6 evaluations) of the mean of the last 3 evaluations (the report's target) minus the
+  evaluation at half the run; NaN without one.
   """
-  import json
-  import tarfile
   jit, gain = {}, {}
-  with tarfile.open(archive) as tar:
-    for m in tar.getmembers():
-      if not m.name.endswith("/metrics.jsonl"):
-        continue
-      name = m.name.split("/")[0]
-      regime = name.split("_")[0]
-      recs = [json.loads(line) for line in tar.extractfile(m).read().decode().splitlines()]
-      acc = [r["eval/acc_sampled"] for r in recs if "eval/acc_sampled" in r]
-      half = acc[len(acc) // 2:]
-      if len(half) >= 3:
-        diffs = [b - a for a, b in zip(half, half[1:])]
-        jit.setdefault(regime, []).append(statistics.stdev(diffs) / math.sqrt(2))
-      if name.endswith("_onpolicy") and len(acc) >= 6:
-        gain.setdefault(regime, []).append(statistics.mean(acc[-3:]) - acc[len(acc) // 2])
+  for name, recs in archive_runs(archive):
+    regime = name.split("_")[0]
+    acc = [r["eval/acc_sampled"] for r in recs if "eval/acc_sampled" in r]
+    half = acc[len(acc) // 2:]
+    if len(half) >= 3:
+      diffs = [b - a for a, b in zip(half, half[1:])]
+      jit.setdefault(regime, []).append(statistics.stdev(diffs) / math.sqrt(2))
+    if name.endswith("_onpolicy") and len(acc) >= 6:
+      gain.setdefault(regime, []).append(statistics.mean(acc[-3:]) - acc[len(acc) // 2])
   return {r: (statistics.median(jit[r]), statistics.median(gain.get(r, [math.nan])))
           for r in sorted(jit)}
 
 
 def rho_estimates(archive: str) -> list[float]:
   """Every finite single ``noise/rho`` estimate of an ``--export-runs`` archive's runs."""
-  import json
-  import tarfile
-  out = []
-  with tarfile.open(archive) as tar:
-    for m in tar.getmembers():
-      if m.name.endswith("/metrics.jsonl"):
-        for line in tar.extractfile(m).read().decode().splitlines():
-          v = json.loads(line).get("noise/rho")
-          if isinstance(v, float) and math.isfinite(v):
-            out.append(v)
-  return out
+  return [r["noise/rho"] for _, recs in archive_runs(archive) for r in recs
+          if isinstance(r.get("noise/rho"), float) and math.isfinite(r["noise/rho"])]
 
 
 def summarize(recs: list[dict]) -> dict:
