@@ -329,7 +329,8 @@ class Analysis:
     if name == "peak_sampled":
       return max(s)
     if name == "peak_greedy":
-      return float(np.nanmax(g))
+      measured = [x for x in g if not np.isnan(x)]  # runs without greedy evaluation give nan
+      return float(max(measured)) if measured else float("nan")
     if name == "peak_step":
       return float(ev[int(np.argmax(s))]["step"])
     if name == "drop_sampled":

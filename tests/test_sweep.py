@@ -5,6 +5,7 @@ import io
 import json
 import math
 import os
+import warnings
 
 import pytest
 
@@ -184,6 +185,21 @@ def test_final_accuracy_averages_the_last_k_evaluations(tmp_path):
   assert two.ref_reach["tokens"] == 40
   with pytest.raises(ValueError, match="report.target_last"):
     report.Analysis(runs, "onpol", mu_measured=1.0, target_last=0)
+
+
+def test_peak_greedy_skips_evaluations_without_greedy_and_is_nan_without_any(tmp_path):
+  _write_run(tmp_path / "onpol" / "seed0", {0: 0.1, 2: 0.3, 4: 0.2}, b=4, r=4, n=4)
+  runs, _ = report.load_runs(_sweep_dict(["onpol"], seeds=(0,)), str(tmp_path))
+  run = runs["onpol"][0]
+  an = report.Analysis(runs, "onpol", mu_measured=1.0)
+  assert an.metric(run, "peak_greedy") == pytest.approx(0.4)  # greedy = sampled + 0.1
+  del run.evals[1]["eval/acc_greedy"]  # step 2 evaluated sampling only
+  assert an.metric(run, "peak_greedy") == pytest.approx(0.3)
+  for e in run.evals:
+    e.pop("eval/acc_greedy", None)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    assert math.isnan(an.metric(run, "peak_greedy"))
 
 
 def test_tokens_to_reach_with_known_answers(tmp_path):
