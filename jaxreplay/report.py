@@ -312,63 +312,45 @@ class Analysis:
     return lambda run: (lambda rec: run.compute(rec, mu, self.ref_batch))
 
   def metric(self, run: RunData, name: str) -> float:
-    """One named per-run metric (see ``METRICS``)."""
-    ev, last = run.evals, run.evals[-1]
-    s = [r["eval/acc_sampled"] for r in ev]
-    g = [r.get("eval/acc_greedy", float("nan")) for r in ev]
+    """One named per-run metric (see ``METRICS``).
+
+    Raises:
+      KeyError: ``name`` is not in ``METRICS``.
+    """
+    if name not in _METRIC_FNS:
+      raise KeyError(f"unknown metric {name!r}; known: {', '.join(METRICS)}")
+    return _METRIC_FNS[name](self, run)
+
+  # --- the metrics, each a function of (analysis, run) -----------------------------------
+
+  def _sampled(self, run: RunData) -> list[float]:
+    return [r["eval/acc_sampled"] for r in run.evals]
+
+  def _greedy(self, run: RunData) -> list[float]:
+    return [r.get("eval/acc_greedy", float("nan")) for r in run.evals]
+
+  def _final_minus_previous(self, run: RunData) -> float:
+    s, k = self._sampled(run), self.k_last
+    if len(s) < 2 * k:
+      return float("nan")
+    return float(np.mean(s[-k:]) - np.mean(s[-2 * k:-k]))
+
+  def _peak_greedy(self, run: RunData) -> float:
+    measured = [x for x in self._greedy(run) if not np.isnan(x)]  # runs without greedy eval
+    return float(max(measured)) if measured else float("nan")
+
+  def _passk_final(self, run: RunData) -> float:
     k = run.largest_k()
-    if name == "final_sampled":
-      return float(np.mean(s[-self.k_last:]))
-    if name == "final_greedy":
-      return float(np.mean(g[-self.k_last:]))
-    if name == "final_minus_previous":
-      k = self.k_last
-      if len(s) < 2 * k:
-        return float("nan")
-      return float(np.mean(s[-k:]) - np.mean(s[-2 * k:-k]))
-    if name == "peak_sampled":
-      return max(s)
-    if name == "peak_greedy":
-      measured = [x for x in g if not np.isnan(x)]  # runs without greedy evaluation give nan
-      return float(max(measured)) if measured else float("nan")
-    if name == "peak_step":
-      return float(ev[int(np.argmax(s))]["step"])
-    if name == "drop_sampled":
-      return max(s) - self.metric(run, "final_sampled")
-    if name == "passk_final":
-      return last.get(f"eval/pass@{k}", float("nan")) if k else float("nan")
-    if name == "pass1_final":
-      return last.get("eval/pass@1", s[-1])
-    if name == "passk_minus_pass1":
-      return self.metric(run, "passk_final") - self.metric(run, "pass1_final")
-    if name == "entropy_final":
-      return last.get("eval/entropy_fresh", float("nan"))
-    if name == "replay_ratio":
-      return run.replay_ratio()
-    if name == "staleness_mean":
-      return run.staleness_mean()
-    if name == "mu_time":
-      return run.mu_time()
-    if name == "mu_flops":
-      return run.mu_flops()
-    if name in ("gamma_time", "gamma_flops"):
-      m = run.mu_time() if name == "gamma_time" else run.mu_flops()
-      return accounting.gamma(m, run.replay_ratio()) if m == m else float("nan")
-    if name == "tokens_to_target_pct":
-      return _pct(run.first_reach(self.target, "generated_tokens"), self.ref_reach["tokens"])
-    if name.startswith("compute_to_target_pct_"):
-      tag = name.rsplit("_", 1)[1]
-      return _pct(run.first_reach(self.target, self.compute_fn(tag)(run)), self.ref_reach[tag])
-    if name == "sampled_at_ref_steps":
-      return run.at_budget(self.ref_steps, "step")
-    if name == "sampled_at_ref_tokens":
-      return run.at_budget(self.ref_tokens, "generated_tokens")
-    if name.startswith("sampled_at_ref_compute_"):
-      tag = name.rsplit("_", 1)[1]
-      return run.at_budget(self.ref_compute[tag], self.compute_fn(tag)(run))
-    if name == "sampled_at_half":
-      return run.at_budget(run.steps / 2, "step")
-    raise KeyError(f"unknown metric {name!r}; known: {', '.join(METRICS)}")
+    return run.evals[-1].get(f"eval/pass@{k}", float("nan")) if k else float("nan")
+
+  def _gamma(self, run: RunData, mu: float) -> float:
+    return accounting.gamma(mu, run.replay_ratio()) if mu == mu else float("nan")
+
+  def _compute_to_target_pct(self, run: RunData, tag: str) -> float:
+    return _pct(run.first_reach(self.target, self.compute_fn(tag)(run)), self.ref_reach[tag])
+
+  def _sampled_at_ref_compute(self, run: RunData, tag: str) -> float:
+    return run.at_budget(self.ref_compute[tag], self.compute_fn(tag)(run))
 
   def values(self, config: str, name: str) -> list[float]:
     return [self.metric(r, name) for r in self.runs.get(config, [])]
@@ -409,6 +391,36 @@ METRICS = {
     "sampled_at_ref_compute_paper": "sampled accuracy at on-policy's compute (paper's μ)",
     "sampled_at_half": "sampled accuracy at half the run's learner steps",
 }
+
+_METRIC_FNS: dict[str, Callable[[Analysis, RunData], float]] = {
+    "final_sampled": lambda an, r: float(np.mean(an._sampled(r)[-an.k_last:])),
+    "final_greedy": lambda an, r: float(np.mean(an._greedy(r)[-an.k_last:])),
+    "final_minus_previous": Analysis._final_minus_previous,
+    "peak_sampled": lambda an, r: max(an._sampled(r)),
+    "peak_greedy": Analysis._peak_greedy,
+    "peak_step": lambda an, r: float(r.evals[int(np.argmax(an._sampled(r)))]["step"]),
+    "drop_sampled": lambda an, r: max(an._sampled(r)) - an.metric(r, "final_sampled"),
+    "passk_final": Analysis._passk_final,
+    "pass1_final": lambda an, r: r.evals[-1].get("eval/pass@1", an._sampled(r)[-1]),
+    "passk_minus_pass1": lambda an, r: an.metric(r, "passk_final") - an.metric(r, "pass1_final"),
+    "entropy_final": lambda an, r: r.evals[-1].get("eval/entropy_fresh", float("nan")),
+    "replay_ratio": lambda an, r: r.replay_ratio(),
+    "staleness_mean": lambda an, r: r.staleness_mean(),
+    "mu_time": lambda an, r: r.mu_time(),
+    "mu_flops": lambda an, r: r.mu_flops(),
+    "gamma_time": lambda an, r: an._gamma(r, r.mu_time()),
+    "gamma_flops": lambda an, r: an._gamma(r, r.mu_flops()),
+    "tokens_to_target_pct": lambda an, r: _pct(r.first_reach(an.target, "generated_tokens"),
+                                               an.ref_reach["tokens"]),
+    "compute_to_target_pct_measured": lambda an, r: an._compute_to_target_pct(r, "measured"),
+    "compute_to_target_pct_paper": lambda an, r: an._compute_to_target_pct(r, "paper"),
+    "sampled_at_ref_steps": lambda an, r: r.at_budget(an.ref_steps, "step"),
+    "sampled_at_ref_tokens": lambda an, r: r.at_budget(an.ref_tokens, "generated_tokens"),
+    "sampled_at_ref_compute_measured": lambda an, r: an._sampled_at_ref_compute(r, "measured"),
+    "sampled_at_ref_compute_paper": lambda an, r: an._sampled_at_ref_compute(r, "paper"),
+    "sampled_at_half": lambda an, r: r.at_budget(r.steps / 2, "step"),
+}
+assert set(_METRIC_FNS) == set(METRICS)
 
 
 # --- claims -------------------------------------------------------------------------------
