@@ -45,18 +45,39 @@ def main(argv) -> None:
   import jax
   if jax.process_index() != 0:  # process 0 reports for the job
     return
-  print("\n=== jaxreplay summary ===")
-  print(f"held-out accuracy, sampled at T={config.sampler.temperature}: "
-        f"{s['acc_sampled_before']:.3f} -> {s['acc_sampled_after']:.3f}")
-  print(f"held-out accuracy, greedy: {s['acc_greedy_before']:.3f} -> {s['acc_greedy_after']:.3f}")
-  print(f"generated tokens: {s['generated_tokens']}  trained tokens: {s['trained_tokens']}  "
-        f"rollouts: {s['generated_rollouts']}")
+  print("\n" + "\n".join(summary_lines(s, config.sampler.temperature)))
+
+
+def summary_lines(s: dict, temperature: float) -> list[str]:
+  """The job's closing summary, one string per printed line.
+
+  Args:
+    s: ``train.loop.run``'s summary: held-out accuracy before/after (fractions), token and
+      rollout counts, ``ledger``, ``wall_seconds`` and the ``generate_s``/``train_s``/``eval_s``
+      phase times (seconds), ``checkpoints`` and ``base_policy`` paths.
+    temperature: the sampler's temperature, named on the sampled-accuracy line.
+
+  Returns:
+    Lines; the wall time's breakdown names the rest ("other": set-up, the warm start,
+    checkpoints), so its parts add up to the total.
+  """
+  lines = ["=== jaxreplay summary ===",
+           f"held-out accuracy, sampled at T={temperature}: "
+           f"{s['acc_sampled_before']:.3f} -> {s['acc_sampled_after']:.3f}",
+           f"held-out accuracy, greedy: {s['acc_greedy_before']:.3f} -> "
+           f"{s['acc_greedy_after']:.3f}",
+           f"generated tokens: {s['generated_tokens']}  trained tokens: {s['trained_tokens']}  "
+           f"rollouts: {s['generated_rollouts']}"]
   lost = s["ledger"].get("lost_in_flight_rollouts", 0)
   if lost:
-    print(f"rollouts generated but never inserted (queued or in flight at the stop): {lost}")
-  print(f"wall time: {s['wall_seconds'] / 60:.1f} min  "
-        f"(generate {s['generate_s']:.0f}s, train {s['train_s']:.0f}s, eval {s['eval_s']:.0f}s)")
-  print(f"checkpoints: {s['checkpoints']}\nbase policy: {s['base_policy']}")
+    lines.append(f"rollouts generated but never inserted (queued or in flight at the stop): {lost}")
+  phases = s["generate_s"] + s["train_s"] + s["eval_s"]
+  other = max(0.0, s["wall_seconds"] - phases)
+  lines += [f"wall time: {s['wall_seconds'] / 60:.1f} min  (generate {s['generate_s']:.0f}s, "
+            f"train {s['train_s']:.0f}s, eval {s['eval_s']:.0f}s, other {other:.0f}s: set-up, "
+            "warm start, checkpoints)",
+            f"checkpoints: {s['checkpoints']}", f"base policy: {s['base_policy']}"]
+  return lines
 
 
 def _parse_flags(argv):

@@ -91,3 +91,20 @@ def test_command_line_errors_are_one_line(args, match):
   assert out.returncode != 0
   assert "Traceback" not in out.stderr
   assert re.search(match, out.stderr.strip().splitlines()[-1])
+
+
+def test_summary_wall_time_parts_add_up_to_the_total():
+  from jaxreplay.main import summary_lines
+  s = dict(acc_sampled_before=0.301, acc_sampled_after=0.489, acc_greedy_before=0.52,
+           acc_greedy_after=0.592, generated_tokens=85523, trained_tokens=170272,
+           generated_rollouts=25728, ledger={"lost_in_flight_rollouts": 3}, wall_seconds=366.0,
+           generate_s=48.2, train_s=93.4, eval_s=29.1, checkpoints="/r/checkpoints",
+           base_policy="/r/base")
+  lines = summary_lines(s, 1.0)
+  assert lines[1] == "held-out accuracy, sampled at T=1.0: 0.301 -> 0.489"
+  assert lines[2] == "held-out accuracy, greedy: 0.520 -> 0.592"
+  assert lines[4].endswith(": 3")  # lost in flight, shown only when nonzero
+  # 366 - (48.2 + 93.4 + 29.1) = 195.3 s outside the three phases
+  assert lines[5] == ("wall time: 6.1 min  (generate 48s, train 93s, eval 29s, other 195s: "
+                      "set-up, warm start, checkpoints)")
+  assert len(summary_lines({**s, "ledger": {}}, 1.0)) == len(lines) - 1
