@@ -59,7 +59,11 @@ def summary_lines(s: dict, temperature: float) -> list[str]:
 
   Returns:
     Lines; the wall time's breakdown names the rest ("other": set-up, the warm start,
-    checkpoints), so its parts add up to the total.
+    checkpoints), so in sync mode its parts add up to the total. In async mode generation
+    and training overlap, their seconds can sum past the wall time, and "other" stays at 0.
+
+  Raises:
+    KeyError: ``s`` lacks one of the fields above.
   """
   lines = ["=== jaxreplay summary ===",
            f"held-out accuracy, sampled at T={temperature}: "
