@@ -1,6 +1,7 @@
 """Pieces of the loop: the KL reward penalty applied at generation time."""
 
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -51,27 +52,34 @@ def test_kl_reward_penalty_is_zero_against_itself_and_exact_against_uniform():
 
 
 class _FlakyTask:
-  """Reward 1 for "ok", raises for "boom", NaN for "nan", hangs for "hang"."""
+  """Reward 1 for "ok", raises for "boom", NaN for "nan"; "hang" blocks until ``release``
+  is set (at most 60 s) and then sets ``hung_done``."""
+
+  def __init__(self):
+    self.release, self.hung_done = threading.Event(), threading.Event()
 
   def reward(self, text, example):
     if text == "boom":
       raise RuntimeError("scorer crashed")
     if text == "hang":
-      import time
-      time.sleep(30)
+      self.release.wait(60)
+      self.hung_done.set()
     return float("nan") if text == "nan" else float(text == "ok")
 
 
 def test_crashing_hanging_or_nan_rewards_score_zero_and_are_counted():
-  import time
   from jaxreplay.train.policy import score
+  task = _FlakyTask()
   texts = ["ok", "boom", "no", "hang", "nan", "ok"]
-  t0 = time.time()
-  rewards, failures = score(_FlakyTask(), texts, [None] * 6, timeout_s=0.5)
-  assert time.time() - t0 < 5.0
+  try:
+    rewards, failures = score(task, texts, [None] * 6, timeout_s=2.0)
+    # scoring went on past the hanging call, which is still blocked
+    assert not task.hung_done.is_set()
+  finally:
+    task.release.set()
   np.testing.assert_array_equal(rewards, [1, 0, 0, 0, 0, 1])
   assert failures == 3
-  rewards, failures = score(_FlakyTask(), ["ok", "boom", "nan"], [None] * 3)  # no timeout
+  rewards, failures = score(task, ["ok", "boom", "nan"], [None] * 3)  # no timeout
   np.testing.assert_array_equal(rewards, [1, 0, 0])
   assert failures == 2
 
@@ -108,23 +116,19 @@ def test_async_generator_inserts_within_the_limiter_and_stops_when_blocked():
   gen = AsyncGenerator(produce=produce, insert=make_inserter(replay.make_replay_buffer(32, b), r), limiter=lim,
                        limiter_state=rate_lib.init(), buffer=replay.init(empty_rollout(1, 3), 32),
                        position=0, params={"w": jnp.zeros(2)}, ref_params=None, version=0,
-                       insert_size=r, sample_size=b, key=jax.random.key(0), timeout_s=5.0,
+                       insert_size=r, sample_size=b, key=jax.random.key(0), timeout_s=120.0,
                        learner_step=0).start()
   try:
     with gen.cond:
       gen.wait_for_sample()
-    import time
-    deadline = time.time() + 30.0
-    while int(gen.limiter_state.inserted) < 16 and time.time() < deadline:
-      time.sleep(0.05)
-    time.sleep(0.5)  # had it not blocked, it would insert more meanwhile
-    with gen.cond:
+      # the thread found the limiter closed and waits: it inserts nothing more until a sample
+      assert gen.cond.wait_for(lambda: gen.waiting_to_insert, timeout=120)
       # offset = 2·8 = 16, e = 16: inserts stop once 2·I > 32, i.e. at I = 16 (4 chunks)
       assert int(gen.limiter_state.inserted) == 16 and int(gen.buffer.size) == 16
       assert gen.take()[1] == Ledger(generated_rollouts=16)  # nothing overwritten unused
       assert gen.position == 8  # 4 chunks of 2 prompts
   finally:
-    assert gen.stop(timeout_s=5.0)
+    assert gen.stop(timeout_s=120.0)
 
 
 def test_ready_needs_b_items_within_the_age_cutoff_for_every_sampler():

@@ -77,6 +77,9 @@ class AsyncGenerator:
     self.pending: list[dict] = []  # generation metrics since the learner last looked
     self.ledger = Ledger()  # ledger increments since the learner last looked
     self.busy_s = self.wait_s = 0.0
+    # True while the thread waits for the rate limiter to allow an insert (under ``cond``,
+    # notified when it starts waiting)
+    self.waiting_to_insert = False
     self._thread = threading.Thread(target=self._loop, name="jaxreplay-generator", daemon=True)
 
   def start(self) -> "AsyncGenerator":
@@ -92,7 +95,11 @@ class AsyncGenerator:
         with self.cond:
           while not self._stop and not rate_lib.can_insert(
               self.limiter, self.limiter_state, self._r, int(self.buffer.size)):
+            if not self.waiting_to_insert:
+              self.waiting_to_insert = True
+              self.cond.notify_all()
             self.cond.wait(0.5)
+          self.waiting_to_insert = False
           if self._stop:
             return
           params, ref, version = self._weights
