@@ -25,6 +25,20 @@ class FaultyReward:
     return float(text == "ok")
 
 
+class GatedReward(FaultyReward):
+  """``FaultyReward`` whose worker stays starting (in ``warm_up``, not yet ready) until the
+  file ``DIR/go`` exists, so that a test can kill it while it starts, however fast the
+  machine (at most 600 s, then it starts anyway)."""
+
+  def __init__(self, directory):
+    self.directory = directory
+
+  def warm_up(self):
+    deadline = time.monotonic() + 600
+    while not os.path.exists(os.path.join(self.directory, "go")) and time.monotonic() < deadline:
+      time.sleep(0.01)
+
+
 class OneShotFaults(MathReward):
   """``MathReward``, except that the first call to find ``DIR/crash`` kills its worker and
   the first to find ``DIR/hang`` never returns (each file is removed first, so each fault

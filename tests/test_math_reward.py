@@ -13,7 +13,7 @@ from jaxreplay.tasks.base import Example, math_reward
 from jaxreplay.tasks.math_answer import (MathReward, extract_answer_text, find_boxed, gsm8k_gold,
                                          math_gold, normalize_answer, parse_gold, verify_answer)
 from jaxreplay.tasks.scoring import Scorer
-from scoring_faults import FaultyReward
+from scoring_faults import FaultyReward, GatedReward
 
 random.seed(0)
 GARBAGE = "".join(random.choice("ab{}\\^_ 0123456789+-*/()[]$xyz") for _ in range(10_000))
@@ -181,7 +181,7 @@ def test_a_completion_past_the_timeout_scores_zero_is_counted_and_its_worker_rep
   elapsed = time.monotonic() - t0
   np.testing.assert_array_equal(rewards, [1, 0, 1, 0, 1])
   assert failures == 1 and math_pool.stats.timeouts == 1 and math_pool.stats.restarts == 1
-  assert TIMEOUT_S <= elapsed < TIMEOUT_S + 60  # one timeout, then the batch went on
+  assert elapsed >= TIMEOUT_S  # killed at its deadline, not before; the others then scored
   assert len(set(before) - set(math_pool.pids)) == 1  # the stuck worker was replaced
   # The same rewards as in-process scoring for every call that finished in time.
   rewards2, failures2 = math_pool(texts[:1] + texts[2:], [ex] * 4)
@@ -204,11 +204,12 @@ def test_a_worker_that_dies_or_hangs_mid_call_costs_that_reward_only(faulty_pool
   assert faulty_pool.stats.restarts == 3
 
 
-def test_a_worker_killed_while_starting_is_replaced():
-  pool = Scorer(FaultyReward(), workers=1, timeout_s=TIMEOUT_S)
+def test_a_worker_killed_while_starting_is_replaced(tmp_path):
+  pool = Scorer(GatedReward(str(tmp_path)), workers=1, timeout_s=TIMEOUT_S)
   try:
-    pool._pool.append(pool._start_worker())  # still importing: not ready for ~0.1 s
+    pool._pool.append(pool._start_worker())  # starting until tmp_path/go exists
     pid = pool.kill_worker(0)
+    (tmp_path / "go").touch()  # its replacement starts
     rewards, failures = pool(["ok", "no", "ok"], [None] * 3)
     np.testing.assert_array_equal(rewards, [1, 0, 1])
     assert failures == 0 and pid not in pool.pids and pool.stats.restarts == 1
