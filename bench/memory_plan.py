@@ -228,8 +228,7 @@ def _mesh_plan(cfg, mesh, graphdef, params, sampler: bool) -> dict:
   train_step = make_train_step(graphdef, optimizer, cfg.algo, cfg.sampler.temperature,
                                cfg.sampler.top_k, cfg.sampler.top_p)
   rb = replay.make_replay_buffer(cfg.buffer.capacity, cfg.train.batch_size, sampler_cfg)
-  learner_step = make_learner_step(train_step, rb,
-                                   prompt_len=p_width, epochs=cfg.algo.update_epochs,
+  learner_step = make_learner_step(train_step, rb, epochs=cfg.algo.update_epochs,
                                    mesh=mesh, state_sharding=state_sh, buffer_sharding=buffer_sh)
   t0 = time.time()
   learner = learner_step.lower(state, buffer, key).compile()

@@ -84,12 +84,13 @@ def get_config():
   # Self-tuning replay (off): every ``every`` learner steps measure μ, α, ρ (rl/noise.py)
   # and set R (rollout.per_step, B fixed) and the age cut-off (buffer.max_staleness, inside
   # the fixed capacity) to the theory's optimum within the bounds (replay/auto.py). Lagged
-  # modes only (sync, simulated_async). mu_source: "time" (phase timers) or "flops".
+  # modes only (sync, simulated_async). mu_source: "flops" (the run's FLOP ratio, the same
+  # on any machine) or "configured" (set mu, e.g. a deployment's measured μ); never wall time.
   # bias_limit > 0 caps the horizon at bias_limit / (measured bias per step of age).
   c.auto_replay = config_dict.ConfigDict(dict(
       enabled=False, every=50, num_samples=256, num_projections=128, center="mean",
       min_samples=4, warmup=2, ema=0.8, x_min=1.0, x_max=64.0, y_min=1.0, y_max=16.0,
-      tolerance=0.2, bias_limit=0.0, mu_source="time",
+      tolerance=0.2, bias_limit=0.0, mu_source="flops", mu=config_dict.placeholder(float),
   ))
   # B = 2R: each rollout is trained on twice on average; N = 4R: at most 3 versions stale.
   # mode: "sync" (generate with the current policy, then train: the paper's theory model),

@@ -58,8 +58,9 @@ def summary_lines(s: dict, temperature: float) -> list[str]:
     temperature: the sampler's temperature, named on the sampled-accuracy line.
 
   Returns:
-    Lines; the wall time's breakdown names the rest ("other": set-up, the warm start,
-    checkpoints), so in sync mode its parts add up to the total. In async mode generation
+    Lines; μ from FLOPs beside μ from wall time when the ledger has both; the wall time's
+    breakdown names the rest ("other": set-up, the warm start, checkpoints), so in sync
+    mode its parts add up to the total. In async mode generation
     and training overlap, their seconds can sum past the wall time, and "other" stays at 0.
 
   Raises:
@@ -81,6 +82,10 @@ def summary_lines(s: dict, temperature: float) -> list[str]:
             f"train {s['train_s']:.0f}s, eval {s['eval_s']:.0f}s, other {other:.0f}s: set-up, "
             "warm start, checkpoints)",
             f"checkpoints: {s['checkpoints']}", f"base policy: {s['base_policy']}"]
+  led = s["ledger"]
+  if "mu_flops" in led and "mu_time" in led:  # beside each other: only FLOPs are the run's own
+    lines.insert(-2, f"mu (generating a rollout / training on a sample): {led['mu_flops']:.3f} "
+                 f"from FLOPs, {led['mu_time']:.3f} from wall time (moves with the machine's load)")
   return lines
 
 

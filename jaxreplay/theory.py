@@ -139,12 +139,15 @@ def power_law_design_bounded(mu: float, rho: float, alpha: float,
 
 
 def mu_from_run(run_dir: str) -> dict[str, float]:
-  """μ measured from a run's last metrics record (time per rollout generated ÷ time per
-  sample trained), and the paper's estimator K_train/K_inf (App. 10.4) for reference.
+  """μ from a run's last metrics record: ``mu_time`` (time per rollout generated ÷ time per
+  sample trained: moves with the machine's load), ``mu_flops`` (the same in estimated
+  FLOPs, ``train.accounting``: the run's own; NaN in records without FLOP counts), and the
+  paper's estimator K_train/K_inf (App. 10.4) for reference.
 
   Raises:
     FileNotFoundError: no metric records. ValueError: no step record yet.
   """
+  from jaxreplay.train import accounting  # imports this module
   from jaxreplay.train.metrics import read_records
   recs = read_records(run_dir)
   last = next((r for r in reversed(recs) if "generate_s" in r), None)
@@ -153,6 +156,8 @@ def mu_from_run(run_dir: str) -> dict[str, float]:
   per_rollout = last["generate_s"] / max(last["generated_rollouts"], 1)
   per_sample = last["train_s"] / max(last["trained_samples"], 1)
   return {"mu_time": per_rollout / per_sample,
+          "mu_flops": accounting.mu(last.get("generation_flops", 0.0), last["generated_rollouts"],
+                                    last.get("training_flops", 0.0), last["trained_samples"]),
           "replay_ratio": last["trained_samples"] / max(last["generated_rollouts"], 1)}
 
 

@@ -74,6 +74,15 @@ def test_the_reference_page_is_current():
                                               r"is invalid: must be comma-separated"),
     ({"checkpoint.keep_best": "yes"}, r"^config\.checkpoint\.keep_best='yes' is invalid: must "
                                       r"be a bool$"),
+    ({"auto_replay.mu_source": "time"}, r"^config\.auto_replay\.mu_source='time' is invalid: "
+                                        r"must be one of \('flops', 'configured'\)$"),
+    ({"auto_replay.mu_source": "configured"}, r"^config\.auto_replay\.mu=None is invalid: must "
+                                              r"be a number > 0 with auto_replay\.mu_source="
+                                              r"'configured'$"),
+    ({"auto_replay.mu_source": "configured", "auto_replay.mu": 0.0},
+     r"^config\.auto_replay\.mu=0\.0 is invalid: must be > 0"),
+    ({"auto_replay.mu": 5.3}, r"^config\.auto_replay\.mu=5\.3 is invalid: is used only with "
+                              r"auto_replay\.mu_source='configured' \(not 'flops'\)"),
 ])
 def test_field_and_shape_errors_name_field_value_and_what_is_allowed(overrides, match):
   tree = default_tree()

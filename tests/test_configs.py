@@ -108,3 +108,7 @@ def test_summary_wall_time_parts_add_up_to_the_total():
   assert lines[5] == ("wall time: 6.1 min  (generate 48s, train 93s, eval 29s, other 195s: "
                       "set-up, warm start, checkpoints)")
   assert len(summary_lines({**s, "ledger": {}}, 1.0)) == len(lines) - 1
+  mu = summary_lines({**s, "ledger": {**s["ledger"], "mu_flops": 0.3321, "mu_time": 0.79}},
+                     1.0)
+  assert mu[5:7] == [lines[5], "mu (generating a rollout / training on a sample): 0.332 from "
+                     "FLOPs, 0.790 from wall time (moves with the machine's load)"]

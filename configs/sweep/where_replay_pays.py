@@ -81,7 +81,7 @@ def auto() -> dict:
       "auto_replay.num_samples": 128, "auto_replay.num_projections": 32,
       "auto_replay.x_min": 1.0, "auto_replay.x_max": 8.0,
       "auto_replay.y_min": 1.0, "auto_replay.y_max": float(y_max),
-      "auto_replay.mu_source": "time",
+      "auto_replay.mu_source": "flops",
   }
 
 

@@ -1,8 +1,9 @@
 """Self-tuning replay: the buffer sets its own replay ratio and staleness horizon.
 
-Every ``auto_replay.every`` learner steps the trainer measures the theory's constants —
-μ (generation over training cost per sample, e.g. ``theory.mu_from_run``'s time ratio),
-α and ρ (``rl.noise.make_buffer_noise_fn``) — and this controller, a set of pure
+Every ``auto_replay.every`` learner steps the trainer gives the theory's constants — μ
+(generation over training cost per sample: the run's FLOP ratio, or a configured value;
+never wall time, which moves with the machine's load; ``train.self_tuning``), α and ρ
+(measured, ``rl.noise.make_buffer_noise_fn``) — and this controller, a set of pure
 functions on a small host-side ``AutoReplayState``, turns them into the two knobs of
 Arnal et al. 2026 §4 (Thm 4.5, App. 9.3.2; ``theory``):
 
@@ -63,7 +64,7 @@ from jaxreplay import theory
 from jaxreplay.spec import Spec, field
 
 MAX_LOG = 64  # change-log entries kept in the state (the oldest are dropped)
-MU_SOURCES = ("time", "flops")  # ``AutoReplaySpec.mu_source``
+MU_SOURCES = ("flops", "configured")  # ``AutoReplaySpec.mu_source``
 BIAS_LIMIT = 1.0 / (2.0 * math.sqrt(2.0))  # Thm 4.4: η <= R/(2√2·κN)
 
 
@@ -90,10 +91,11 @@ class AutoReplaySpec(Spec):
     bias_limit: >= 0, the constant c of the bias cap x <= c/k (k the measured bias per
       step of age relative to the minibatch gradient; module docstring): 0 (default) leaves
       the cap off; 1/(2√2) ≈ 0.354 is Thm 4.4's step-size condition.
-    mu_source: which measured μ the trainer gives the controller (``train.self_tuning``),
-      'time' (seconds per generated rollout over seconds per trained sample, the run's
-      phase timers: the cost the compute budget pays, not bit-reproducible) or 'flops' (the
-      ledger's FLOP estimates: deterministic, blind to memory-bound decoding).
+    mu_source: where the controller's μ comes from, never wall time (``train.self_tuning``):
+      'flops' (the run's ledger, generation FLOPs per rollout over training FLOPs per
+      trained sample: deterministic, the compute-bound floor) or 'configured'
+      (``auto_replay.mu``, e.g. a deployment's measured μ; the paper's is 5.3).
+    mu: > 0, the μ the controller uses with mu_source='configured'; None otherwise.
   """
 
   SECTION: ClassVar[str] = "auto_replay"
@@ -112,14 +114,22 @@ class AutoReplaySpec(Spec):
   y_max: float = field(16.0, gt=0)
   tolerance: float = field(0.2, ge=0)
   bias_limit: float = field(0.0, ge=0)
-  mu_source: str = field("time", choices=MU_SOURCES)
+  mu_source: str = field("flops", choices=MU_SOURCES)
+  mu: float | None = field(None, gt=0, allowed="(set exactly when mu_source='configured')")
 
   def check(self):
-    """Raises ``ConfigError`` when a lower bound exceeds its upper bound."""
+    """Raises ``ConfigError`` when a lower bound exceeds its upper bound, or ``mu`` is
+    missing with mu_source='configured' or set with any other source (it would be
+    ignored)."""
     if self.x_min > self.x_max:
       self.fail("x_min", self.x_min, f"must be <= auto_replay.x_max={self.x_max}")
     if self.y_min > self.y_max:
       self.fail("y_min", self.y_min, f"must be <= auto_replay.y_max={self.y_max}")
+    if self.mu_source == "configured" and self.mu is None:
+      self.fail("mu", self.mu, "must be a number > 0 with auto_replay.mu_source='configured'")
+    if self.mu_source != "configured" and self.mu is not None:
+      self.fail("mu", self.mu, f"is used only with auto_replay.mu_source='configured' (not "
+                f"{self.mu_source!r}): set that, or leave auto_replay.mu None")
 
 
 class Plan(NamedTuple):

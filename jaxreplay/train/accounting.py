@@ -11,9 +11,20 @@ rollouts are generated per learner step. Holding the replay ratio ρ = B/R (samp
 insert) while generation takes μ units per rollout needs W/T = μR/B = μ/ρ (§4, "mapping
 to the async setup"), which is what ``emulated_w_over_t`` reports.
 
-FLOP counts follow Kaplan et al. 2020 (Table 1) and Chowdhery et al. 2022 (PaLM, App. B):
-a forward pass costs 2·N_params FLOPs per token for the matmuls plus 4·L·H·D_h·c for the
-attention scores and the weighted sum at context length c; forward + backward is 3×.
+FLOPs are a property of the run, not of the machine: they depend on the model's shapes
+and on the tokens the run actually generated and trained, never on load or clock speed,
+so ``mu_flops`` (or a configured μ) is what the self-tuning controller steers by
+(``train.self_tuning``).
+Counts follow Kaplan et al. 2020 (arXiv 2001.08361, Table 1: 2·N FLOPs per token for
+the matmuls of N parameters) and Hoffmann et al. 2022 (Chinchilla, App. F) / Chowdhery
+et al. 2022 (PaLM, App. B), which count both attention products, Q·Kᵀ and the weighted
+sum of V: 2·2·L·H·D_h·c FLOPs per token at context length c; Kaplan's table keeps only
+the first. Forward + backward is 3× forward. These are useful FLOPs: padding, compute
+rematerialised in the backward pass and early-stopped decode rows are not counted, and
+neither are softmax, norms or the host's reward calls. On accelerators decoding is
+memory-bound, so the seconds of a generated rollout exceed its FLOP share: FLOP μ is
+the compute-bound floor (≈ 1/3 with one pass over each trained sample and no rescoring),
+not the wall-time μ of any one machine (the paper's μ ≈ 5.3 is a ratio of GPU throughputs).
 All functions are pure and work on Python/NumPy numbers or traced ``jnp`` arrays.
 """
 
@@ -61,10 +72,11 @@ def forward_flops_causal(cost: ModelCost, length):
   """FLOPs of one forward pass over a causal sequence of ``length`` tokens.
 
   Position c (1-based) attends to c tokens, so the total is
-  Σ_{c=1}^{S} (2N + 4·L·H·D_h·c) = 2N·S + 2·L·H·D_h·S(S+1) (Kaplan et al. 2020, Table 1).
+  Σ_{c=1}^{S} (2N + 4·L·H·D_h·c) = 2N·S + 2·L·H·D_h·S(S+1) (module docstring: Kaplan et
+  al. 2020, Table 1; Chinchilla App. F for the two attention products).
 
   Args:
-    cost: the model. length: S >= 0, int or int array (any shape).
+    cost: the model. length: S >= 0 real tokens, int or int array (any shape).
 
   Returns:
     float FLOPs, the shape of ``length`` (float64 in NumPy, float32 under jit).
@@ -73,33 +85,84 @@ def forward_flops_causal(cost: ModelCost, length):
   return 2.0 * cost.n_params * s + 2.0 * cost.n_layers * cost.n_heads * cost.head_dim * s * (s + 1)
 
 
-def generation_flops(cost: ModelCost, prompt_len, completion_len):
-  """FLOPs of sampling one rollout with a KV cache (forward only).
+def generation_flops(cost: ModelCost, prompt_len, completion_len, forwards=0):
+  """FLOPs of producing one rollout: sampling it with a KV cache, then ``forwards`` scoring
+  passes over it (forward only).
 
-  The prompt is prefilled and each completion token but the last is fed back once, so
-  positions 1 .. P + m − 1 each run one forward step: ``forward_flops_causal(P + m − 1)``
-  (padding and early-stopped rows excluded: useful FLOPs, not executed ones).
+  Sampling prefills the prompt and feeds each completion token but the last back once, so
+  positions 1 .. P + m − 1 each run one forward step: ``forward_flops_causal(P + m − 1)``.
+  A scoring pass (the learner's rescoring of the behaviour log-probs,
+  ``rollout.behaviour_logprobs='learner'``; the reference's for the KL reward penalty,
+  ``algo.kl_mode='reward'``) is one full forward over the P + m tokens.
 
   Args:
-    cost: the model. prompt_len: P tokens. completion_len: m >= 1 tokens (int or array).
+    cost: the model. prompt_len: P real prompt tokens. completion_len: m >= 1 generated
+      tokens (ints or arrays). forwards: scoring passes per rollout (int >= 0).
 
   Returns:
     float FLOPs per rollout, the broadcast shape of the inputs.
   """
-  return forward_flops_causal(cost, prompt_len + completion_len - 1)
+  return (forward_flops_causal(cost, prompt_len + completion_len - 1)
+          + forwards * forward_flops_causal(cost, prompt_len + completion_len))
 
 
-def training_flops(cost: ModelCost, prompt_len, completion_len, epochs: int = 1):
-  """FLOPs of training on one sequence: forward + backward ≈ 3 × forward (PaLM App. B).
+def training_flops(cost: ModelCost, prompt_len, completion_len, epochs: int = 1,
+                   forwards=0):
+  """FLOPs of one learner step's work on one drawn sequence: ``epochs`` forward + backward
+  passes (3 × forward each; Kaplan et al. 2020 §2.1, PaLM App. B) and ``forwards``
+  gradient-free passes (``learner_forwards``).
 
   Args:
-    cost: the model. prompt_len: P. completion_len: m (int or array).
+    cost: the model. prompt_len: P real prompt tokens. completion_len: m (ints or arrays).
     epochs: passes over the batch per learner step (``algo.update_epochs``).
+    forwards: gradient-free forward passes per sequence per learner step.
 
   Returns:
     float FLOPs per trained sequence, the broadcast shape of the inputs.
   """
-  return 3.0 * epochs * forward_flops_causal(cost, prompt_len + completion_len)
+  return (3.0 * epochs + forwards) * forward_flops_causal(cost, prompt_len + completion_len)
+
+
+def learner_forwards(algo) -> int:
+  """Gradient-free forward passes the learner step makes per drawn sequence, besides its
+  ``update_epochs`` forward + backward passes (``rl.train_step.make_train_step``).
+
+  One for the frozen reference's log-probs (``algo.kl_coef`` > 0); one for the proximal
+  log-probs / start values when a step takes several optimizer steps with the decoupled
+  loss or a value head; and, with a value head and ``grad_accum_steps`` > 1, one per epoch
+  for the values the whole minibatch's GAE needs before its micro-batches
+  (``make_grad_fn``).
+
+  Args:
+    algo: ``rl.spec.AlgoSpec``.
+
+  Returns:
+    int >= 0.
+  """
+  n = int(algo.uses_reference)
+  if algo.updates_per_step > 1 and (algo.loss == "decoupled" or algo.uses_value_head):
+    n += 1
+  if algo.uses_value_head and algo.grad_accum_steps > 1:
+    n += algo.update_epochs
+  return n
+
+
+def design_mu(cost: ModelCost, prompt_len, completion_len, *, generation_forwards: int = 0,
+              epochs: int = 1, training_forwards: int = 0) -> float:
+  """FLOP μ of rollouts of one length, before any run: ``generation_flops`` over
+  ``training_flops`` of the same sequence (what ``mu`` of a run's ledger gives when every
+  rollout has these lengths).
+
+  Args:
+    cost: the model. prompt_len: P. completion_len: m >= 1 (ints).
+    generation_forwards, epochs, training_forwards: as ``generation_flops`` (``forwards``)
+      and ``training_flops``.
+
+  Returns:
+    float μ (unitless).
+  """
+  return float(generation_flops(cost, prompt_len, completion_len, generation_forwards)
+               / training_flops(cost, prompt_len, completion_len, epochs, training_forwards))
 
 
 def mu(generation_cost: float, generated_rollouts: int, training_cost: float,

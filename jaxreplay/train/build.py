@@ -317,8 +317,8 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
     age cut-off): what the self-tuning controller rebuilds when it changes them."""
     if rb is None:
       rb = replay.make_replay_buffer(buffer_spec.capacity, b, buffer_spec)
-    learner_step = make_learner_step(train_step, rb, cost=cost,
-                                     prompt_len=c.task.prompt_width, epochs=algo.update_epochs,
+    learner_step = make_learner_step(train_step, rb, cost=cost, epochs=algo.update_epochs,
+                                     forwards=accounting.learner_forwards(algo),
                                      mesh=mesh, state_sharding=state_sh,
                                      buffer_sharding=buffer_sh)
     ready = make_ready(rb)

@@ -259,7 +259,8 @@ def generate_rollouts(src: RolloutSource, params, position: int, key, version: i
     rollout = rollout.replace(behaviour_logprobs=logp)
     numerics = {k: float(v) for k, v in multihost.to_host(numerics).items()}
   shaped = rewards
-  if ref_params is not None and algo.kl_mode == "reward" and algo.advantage != "gae":
+  kl_reward = ref_params is not None and algo.kl_mode == "reward" and algo.advantage != "gae"
+  if kl_reward:
     shaped = multihost.to_host(kl_reward_penalty(
         graphdef, ref_params, rollout, temperature=samp.temperature,
         beta=algo.kl_coef, estimator=algo.kl_estimator, top_k=samp.top_k,
@@ -270,11 +271,11 @@ def generate_rollouts(src: RolloutSource, params, position: int, key, version: i
   lengths = np.asarray(out["length"])
   truncated = np.asarray(out["truncated"])
   spread = r_pg.max(1) > r_pg.min(1)
-  flops = 0.0 if cost is None else float(
-      accounting.generation_flops(cost, src.prompt_width, lengths.astype(np.float64)).sum())
-  if cost is not None and numerics:  # the learner's rescoring is one more forward per rollout
-    flops += float(accounting.forward_flops_causal(
-        cost, src.prompt_width + lengths.astype(np.float64)).sum())
+  # useful FLOPs of the real prompt and completion tokens; each scoring pass above (the
+  # learner's rescoring, the reference's KL penalty) is one more forward per rollout
+  scoring = int(src.rollout.behaviour_logprobs == "learner") + int(kl_reward)
+  flops = 0.0 if cost is None else float(accounting.generation_flops(
+      cost, mask.sum(1).astype(np.float64), lengths.astype(np.float64), scoring).sum())
   ledger = Ledger(generated_tokens=int(lengths.sum()), generated_rollouts=n,
                   zero_adv_group_tokens=int(lengths.reshape(p, g)[~spread].sum()),
                   truncated_tokens=int(lengths[truncated].sum()), generation_flops=flops,

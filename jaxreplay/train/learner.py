@@ -53,8 +53,8 @@ class LearnerFns(NamedTuple):
 
 
 def make_learner_step(train_step, rb: replay.ReplayBuffer,
-                      cost: accounting.ModelCost | None = None, prompt_len: int = 0,
-                      epochs: int = 1, mesh=None, state_sharding=None,
+                      cost: accounting.ModelCost | None = None, epochs: int = 1,
+                      forwards: int = 0, mesh=None, state_sharding=None,
                       buffer_sharding=None):
   """Buffer sampling and the update as one learner step (state and buffer donated).
 
@@ -66,8 +66,10 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
   Args:
     train_step: from ``rl.train_step.make_train_step``. rb: the buffer's function bundle
       (``replay.make_replay_buffer``: B, the sampler's spec, its ``sample``).
-    cost: the model's FLOP parameters; with it the metrics carry ``training_flops``.
-    prompt_len: P, prompt width in tokens (FLOP estimate). epochs: ``algo.update_epochs``.
+    cost: the model's FLOP parameters; with it the metrics carry ``training_flops``
+      (``accounting.training_flops`` of each drawn item's real prompt and completion
+      tokens, summed). epochs: ``algo.update_epochs``. forwards: the train step's
+      gradient-free passes per item (``accounting.learner_forwards``).
     mesh: optional mesh: the sampled batch is constrained to split over ``data × fsdp``.
     state_sharding, buffer_sharding: optional sharding pytrees the returned state and
       buffer keep (the layout they were placed with).
@@ -104,8 +106,9 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
                    first_use_tokens=jnp.where(
                        first_use, buffer.items.completion_mask.sum(-1, dtype=jnp.int32), 0).sum())
     if cost is not None:
-      metrics["training_flops"] = accounting.training_flops(cost, prompt_len, lengths,
-                                                            epochs).sum()
+      prompt_lens = s.items.attention_mask.sum(-1, dtype=jnp.int32) - lengths
+      metrics["training_flops"] = accounting.training_flops(cost, prompt_lens, lengths,
+                                                            epochs, forwards).sum()
     if buffer_sharding is not None:
       buffer = jax.lax.with_sharding_constraint(buffer, buffer_sharding)
     return buffer, s, metrics

@@ -90,8 +90,7 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
             **{k: v for k, v in derived.items() if k.endswith("_flops")}}
   auto = carry.auto
   if noise is not None:
-    auto, auto_metrics = self_tuning.decide(run, auto, done, noise[0], counts,
-                                            timers.as_dict())
+    auto, auto_metrics = self_tuning.decide(run, auto, done, noise[0], counts)
     record.update(auto_metrics)
     record["auto/estimate_s"] = noise[1]
     if auto_metrics["auto/changed"]:

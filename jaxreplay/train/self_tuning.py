@@ -10,9 +10,10 @@ monitor's):
             freshest are ``lag`` old, 0 in ``sync``) and gives α, ρ and the staleness
             bias (``estimate``; k = ``auto.relative_bias`` of it, used with
             ``auto_replay.bias_limit``);
-  DECIDE    after UPDATE, in the step's RECORD (``record.record_step``): μ from the run's
-            ledger through step t (``measured_mu``), then ``auto.update`` — R (a multiple
-            of lcm(G, mesh data × fsdp), so a round still splits over the mesh) and the age
+  DECIDE    after UPDATE, in the step's RECORD (``record.record_step``): μ (the run's
+            FLOP μ through step t, or the configured one: ``controller_mu``), then
+            ``auto.update`` — R (a multiple of lcm(G, mesh data × fsdp), so a round still
+            splits over the mesh) and the age
             cut-off ``max_staleness`` (``lag`` + h − 1 for a horizon of h steps, at least
             ⌈B/R⌉ steps: the trainer's ``learner.make_ready`` wants B items within the
             cut-off for every sampler) (``decide``). The record gets ``noise/*`` and
@@ -23,15 +24,18 @@ monitor's):
             buffer's arrays (capacity C) are never reallocated; a new R compiles the
             generation round and the inserter, a new cut-off the learner step, once each.
 
-**μ** is the cost of generating one rollout over training on one sample (``plan``), the
-run's running totals from step 0 (``accounting.summarize``; restored exactly on resume):
-``auto_replay.mu_source='time'`` (default) is ``mu_time``, seconds per generated rollout ÷
-seconds per trained sample from the phase timers — the cost the theory's compute budget
-C = (B + μR)·T pays, as ``theory.mu_from_run`` measures it, compilation included (its
-weight fades as the run goes on), but not bit-reproducible; ``'flops'`` is ``mu_flops``,
-the ledger's FLOP estimates (deterministic, so a ``sync`` run stays bit-reproducible, but
-blind to decoding being memory-bound: it underrates μ on accelerators). The estimate
-itself is timed apart (``auto/estimate_s``), in neither phase.
+**μ** is the cost of generating one rollout over training on one sample (``plan``). With
+``auto_replay.mu_source='flops'`` (default) it is the run's ``mu_flops`` from step 0
+(``accounting``: the model's shapes and the tokens the run generated and trained, the
+learner's scoring passes included; restored exactly on resume), so the same config and
+seed take the same decisions however loaded the machine, and a ``sync`` run stays
+bit-reproducible. It is the compute-bound floor: decoding is memory-bound on
+accelerators, so a deployment's μ in seconds is higher (the paper's 5.3); to steer by
+such a figure, measured once on an idle machine, set ``mu_source='configured'`` and
+``auto_replay.mu``. The wall-time μ (``mu_time``, phase timers) is recorded in the
+summary beside ``mu_flops`` and never steers: it moved from 0.95 to 0.15 between an idle
+and a loaded machine. The estimate itself is timed apart (``auto/estimate_s``), in
+neither phase, and its FLOPs are in neither phase's count.
 """
 
 from __future__ import annotations
@@ -71,14 +75,18 @@ def estimate(run, carry, step: int):
   return est, time.time() - t0
 
 
-def measured_mu(spec: auto_lib.AutoReplaySpec, counts: dict, timers: dict) -> float:
-  """μ of the run so far by ``spec.mu_source`` (module docstring); NaN before any trained
-  sample (the controller then keeps its running value).
+def controller_mu(spec: auto_lib.AutoReplaySpec, counts: dict) -> float:
+  """The μ the controller is given (module docstring): ``spec.mu`` when
+  ``spec.mu_source='configured'``, else the ledger's FLOP μ so far — NaN before any trained
+  sample (the controller then keeps its running value). Reads no timer.
 
   Args:
-    spec: the ``auto_replay`` spec. counts: ``Ledger.as_dict()``. timers: ``Timers.as_dict()``.
+    spec: the ``auto_replay`` spec. counts: ``Ledger.as_dict()`` (FLOPs and counts).
   """
-  return accounting.summarize(counts, timers)[f"mu_{spec.mu_source}"]
+  if spec.mu_source == "configured":
+    return float(spec.mu)
+  return accounting.mu(counts["generation_flops"], counts["generated_rollouts"],
+                       counts["training_flops"], counts["trained_samples"])
 
 
 def rollout_unit(run) -> int:
@@ -98,18 +106,20 @@ def step_metrics(run) -> dict | None:
   return _knobs(run.rollout.per_step, run.buffer.max_staleness, "auto/")
 
 
-def decide(run, state: auto_lib.AutoReplayState, done: int, est, counts: dict,
-           timers: dict) -> tuple[auto_lib.AutoReplayState, dict]:
+def decide(run, state: auto_lib.AutoReplayState, done: int, est,
+           counts: dict) -> tuple[auto_lib.AutoReplayState, dict]:
   """Folds an estimate into the controller and plans (``auto.update``).
 
   Args:
     run: the ``build.Run`` (B, G, C, lag, the mesh, the ``auto_replay`` spec).
     state: the controller state. done: learner steps completed, counting the estimating
       one (the decision's step: the first learner step, 0-based, that uses it).
-    est: host ``NoiseEstimate``. counts, timers: the ledger and timers through that step.
+    est: host ``NoiseEstimate``. counts: the ledger through that step (no timers: the
+      decision does not depend on the machine's speed).
 
   Returns:
-    (new state, metrics: ``noise.metrics(est)``; ``auto/mu_measured`` (this μ),
+    (new state, metrics: ``noise.metrics(est)``; ``auto/mu_measured`` (this μ,
+     ``controller_mu``),
      ``auto/mu``, ``auto/alpha``, ``auto/rho``, ``auto/kappa`` (the running values, NaN
      before the first); ``auto/kappa_measured`` (this k, ``auto.relative_bias``); ``auto/next_R`` and ``auto/next_max_staleness`` (in force from the next
      step), ``auto/changed`` (1 when either changed); with a plan (after warm-up)
@@ -117,7 +127,7 @@ def decide(run, state: auto_lib.AutoReplayState, done: int, est, counts: dict,
      ``auto/objective`` and ``auto/x_cap`` (the bound on x the solve used)).
   """
   spec, b = run.auto_replay, run.train.batch_size
-  mu = measured_mu(spec, counts, timers)
+  mu = controller_mu(spec, counts)
   kappa = auto_lib.relative_bias(est.bias_slope, est.grad2, est.fresh_var, b)
   new, plan = auto_lib.update(state, done, spec, mu=mu, alpha=float(est.alpha),
                               rho=float(est.rho), batch_size=b, group_size=rollout_unit(run),
