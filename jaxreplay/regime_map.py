@@ -5,55 +5,62 @@ A regime-map sweep file (``report.kind = "regime_map"``, such as
 ``role``: ``onpolicy`` (N = R = B, the regime's reference), ``fixed`` (a FIFO buffer at a
 fixed x = N/R, y = B/R) or ``auto`` (the self-tuning buffer, ``auto_replay``, whose runs
 log the noise estimates ``noise/alpha`` and ``noise/rho``). All runs of a regime spend the
-same generation budget. Per regime this module computes, from the runs' files alone:
+same generation budget. Per regime this module gathers, from the runs' files alone:
 
   * the constants of the theory, per seed from the regime's ``auto`` runs: μ (generating one
     rollout over training on one sample, steady-state phase times, ``RunData.mu_time``), α
-    (σ(s) ∝ s^α) and ρ (the correlation of reused samples) as the median over the run's
-    estimates (``rl.noise``; NaN estimates — groups of equal rewards — left out); reported
-    as median [IQR] over seeds;
-  * the theory's (x*, y*): ``theory.power_law_design_bounded`` at the regime's median
-    constants within the sweep's bounds (``report.x_bounds``, ``report.y_bounds``), ρ
-    clipped to [0, 1] and α to >= 0 (an estimate may fall outside: noise);
-  * generated tokens to reach on-policy's final accuracy, % of on-policy's
-    (``report.Analysis`` with the regime's on-policy configuration as reference: the same
-    definitions as the single-regime report, its module docstring);
-  * the sweep's best configuration: the least median tokens-to-target among on-policy and
-    the fixed buffers (on-policy wins ties); "replay pays" when a buffer, fixed or
-    self-tuning, needs fewer tokens than on-policy (medians over seeds);
-  * whether the theory matched: it predicts replay when y* rounds (nearest power of two)
-    above 1;
-  * the self-tuning acceptance: the ``auto`` runs' median tokens-to-target at most
-    ``AUTO_TOLERANCE`` × the best fixed configuration's, and reached wherever on-policy is.
+    and ρ (the median of the run's estimates, ``rl.noise``; NaN estimates left out); median
+    [IQR] over seeds; the theory's (x*, y*) at the median constants within the sweep's
+    bounds (``evidence.theory_design``: ρ clipped to [0, 1], α to >= 0);
+  * the evidence (``jaxreplay.study.evidence``): every configuration against on-policy and
+    against the best fixed configuration, paired by seed, with intervals; the decisions
+    "replay pays" and "self-tuning falls short of the best fixed"; a saturating fit per
+    configuration; the theory's y*(μ) beside the runs re-scored on compute at
+    ``report.y_star_mus`` (default ``evidence.MUS``);
+  * over all regimes (``Study``): the noise model fitted to the runs, every decision rule's
+    false-positive rate and power simulated on it (``null``), and the smallest AUC
+    difference the study's seeds could detect.
 
 ``write_map`` renders the "Where replay pays" section (between ``MAP_START`` and
-``MAP_END``) and splices it into the results page, leaving the rest of the page as it is;
-``report.write_report`` keeps the section when it rewrites the page.
+``MAP_END``), splices it into the results page, leaving the rest of the page as it is, and
+ends the page with the study's line ``regimes=N seeds_min=S null_fpr_max=F y_star_checks=K
+y_star_agree=J`` (``FOOTER``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import re
 from typing import Any, Sequence
 
 import numpy as np
 
-from jaxreplay import theory
+from jaxreplay.study import evidence, figures, null, stats, tables
+from jaxreplay.study.evidence import round_design, theory_design  # noqa: F401  (public here)
+from jaxreplay.study.runs import load_runs
 
 MAP_START = "<!-- where-replay-pays:start"
 MAP_END = "<!-- where-replay-pays:end -->"
 MAP_NOTE = ("<!-- where-replay-pays:start (written by `python -m jaxreplay.sweep --config "
             "configs/sweep/where_replay_pays.py --report-only`; do not edit by hand) -->")
-AUTO_TOLERANCE = 1.10  # self-tuning may use up to 110% of the best fixed configuration's tokens
+FOOTER = re.compile(r"^regimes=\d+ seeds_min=\d+ null_fpr_max=[\d.]+ y_star_checks=\d+ "
+                    r"y_star_agree=\d+$")
 ROLES = ("onpolicy", "fixed", "auto")
+MAP_COLUMNS = ("regime", "μ", "α", "ρ", "theory's (x*, y*)", "buffer with the smallest p",
+               "its AUC − on-policy's [95% t]", "p (one-sided t)", "replay pays",
+               "self-tuning − best fixed, AUC [95% t]", "self-tuning falls short")
+# the page's regime table: the README's columns (``MAP_COLUMNS``) and two more
+REGIME_COLUMNS = MAP_COLUMNS[:2] + ("μ on-policy",) + MAP_COLUMNS[2:5] + ("y* per seed",) + \
+    MAP_COLUMNS[5:]
 
 
 def run_constants(run) -> dict[str, float]:
   """μ, α, ρ of one run and how many noise estimates it logged.
 
   Args:
-    run: a ``report.RunData``.
+    run: a ``runs.RunData``.
 
   Returns:
     {"mu": μ from steady-state phase times (unitless, cost per generated rollout over cost
@@ -69,84 +76,40 @@ def run_constants(run) -> dict[str, float]:
           "estimates": n}
 
 
-def theory_design(mu: float, alpha: float, rho: float, x_bounds: Sequence[float],
-                  y_bounds: Sequence[float]) -> tuple[float, float]:
-  """(x*, y*) of the power-law bound at measured constants (paper App. 9.3.2, Thm 4.5).
-
-  Args:
-    mu: μ > 0. alpha: α (clipped to >= 0). rho: ρ (clipped to [0, 1]).
-    x_bounds, y_bounds: (lo, hi) of the staleness horizon x = N/R (learner steps) and the
-      replay ratio y = B/R.
-
-  Returns:
-    (x*, y*) floats, or two NaNs when a constant is NaN or μ <= 0.
-  """
-  if not (mu > 0 and alpha == alpha and rho == rho):
-    return float("nan"), float("nan")
-  return theory.power_law_design_bounded(mu, min(max(rho, 0.0), 1.0), max(alpha, 0.0),
-                                         tuple(x_bounds), tuple(y_bounds))
-
-
-def round_design(x: float, y: float) -> tuple[int, int]:
-  """The grid point nearest (x*, y*): y to the nearest power of two (log scale), x to the
-  nearest whole number of learner steps, at least y (the trainer needs N >= B).
-
-  Returns:
-    (x, y) ints; (1, 1) is on-policy. Raises ValueError on NaN input.
-  """
-  if not (x == x and y == y):
-    raise ValueError(f"cannot round a NaN design (x={x}, y={y})")
-  yr = 2 ** max(0, round(math.log2(max(y, 1.0))))
-  return max(int(round(x)), yr, 1), yr
-
-
 class Regime:
   """The runs and numbers of one regime.
 
   Attributes:
     name: the regime's name. configs: its configuration dicts, sweep order.
-    analysis: ``report.Analysis`` against its on-policy configuration, or None without one.
-    constants: [per-seed ``run_constants``] of its ``auto`` runs.
-    design: the theory's (x*, y*) at the median constants (NaNs when unknown).
-    seed_designs: [(x*, y*)] at each self-tuning run's own constants.
+    reference: its on-policy configuration (None without one). runs: {configuration:
+      [RunData]}. constants: [per-seed ``run_constants``] of its ``auto`` runs; median:
+      their medians. design: the theory's (x*, y*) at the median constants (NaNs when
+      unknown); seed_designs: at each self-tuning run's own constants.
+    evidence: ``evidence.RegimeEvidence`` (None without on-policy runs).
+    checks: [``evidence.YStarCheck``] per μ of ``mus``.
   """
 
   def __init__(self, name: str, configs: list[dict], runs: dict, x_bounds, y_bounds,
-               target_last: int):
-    from jaxreplay import report
+               mus: Sequence[float] = evidence.MUS, seed: int = 0):
     self.name, self.configs = name, configs
     self.by_role = {r: [c["name"] for c in configs if c.get("role") == r] for r in ROLES}
-    ref = self.by_role["onpolicy"][0] if self.by_role["onpolicy"] else None
-    present = {c["name"]: runs.get(c["name"], []) for c in configs}
-    self.analysis = None
-    if ref and present[ref]:
-      self.analysis = report.Analysis(present, ref, float("nan"), target_last=target_last)
-    self.reference = ref
-    self.runs = present
-    self.constants = [run_constants(r) for n in self.by_role["auto"] for r in present[n]]
-    med = {k: report.quantiles([c[k] for c in self.constants])[1]
-           for k in ("mu", "alpha", "rho")}
-    self.median = med
-    self.design = theory_design(med["mu"], med["alpha"], med["rho"], x_bounds, y_bounds)
+    self.reference = self.by_role["onpolicy"][0] if self.by_role["onpolicy"] else None
+    self.runs = {c["name"]: runs.get(c["name"], []) for c in configs}
+    self.constants = [run_constants(r) for n in self.by_role["auto"] for r in self.runs[n]]
+    self.median = {k: stats.quantiles([c[k] for c in self.constants])[1]
+                   for k in ("mu", "alpha", "rho")}
+    self.design = theory_design(self.median["mu"], self.median["alpha"], self.median["rho"],
+                                x_bounds, y_bounds)
     self.seed_designs = [theory_design(c["mu"], c["alpha"], c["rho"], x_bounds, y_bounds)
                          for c in self.constants]
-
-  def pct(self, name: str) -> list[float]:
-    """Per-seed generated tokens to on-policy's final accuracy, % of on-policy's."""
-    return self.analysis.values(name, "tokens_to_target_pct") if self.analysis else []
-
-  def median_pct(self, name: str) -> float:
-    """Median over seeds of ``pct(name)`` (+inf unless more than half reached; NaN: none)."""
-    from jaxreplay import report
-    return report.quantiles(self.pct(name))[1]
-
-  def best_fixed(self) -> str | None:
-    """The least median tokens-to-target among on-policy and the fixed buffers (on-policy
-    first, so it wins ties); None when none has a finite median."""
-    cands = [n for n in self.by_role["onpolicy"] + self.by_role["fixed"] if self.runs[n]]
-    vals = {n: self.median_pct(n) for n in cands}
-    fin = {n: v for n, v in vals.items() if math.isfinite(v)}
-    return min(fin, key=fin.get) if fin else None
+    roles = {c["name"]: c.get("role") for c in configs}
+    self.evidence, self.checks = None, []
+    if self.reference and self.runs[self.reference]:
+      self.evidence = evidence.regime_evidence(self.runs, roles, self.reference, seed)
+      y_of = {n: self.xy(n)[1] for n in self.runs if self.runs[n]}
+      self.checks = evidence.y_star_checks(self.runs, roles, self.reference, y_of,
+                                           self.median["alpha"], self.median["rho"],
+                                           x_bounds, y_bounds, mus)
 
   def xy(self, name: str) -> tuple[float, float]:
     """Nominal (x, y) of a configuration from its first run's config.json."""
@@ -156,20 +119,9 @@ class Regime:
     v = rs[0].nominal()
     return v["x"], v["y"]
 
-  def best_replay(self) -> str | None:
-    """The buffer (fixed or self-tuning) with the least median tokens-to-target; None when
-    none has a finite median."""
-    cands = [n for n in self.by_role["fixed"] + self.by_role["auto"] if self.runs[n]]
-    fin = {n: self.median_pct(n) for n in cands if math.isfinite(self.median_pct(n))}
-    return min(fin, key=fin.get) if fin else None
-
   def replay_pays(self) -> bool | None:
-    """Whether a buffer, fixed or self-tuning, reaches on-policy's final accuracy with fewer
-    generated tokens than on-policy (medians over seeds); None without on-policy runs."""
-    if self.reference is None or not self.runs[self.reference] or self.analysis is None:
-      return None
-    best = self.best_replay()
-    return best is not None and self.median_pct(best) < self.median_pct(self.reference)
+    """"Replay pays" (``evidence.RegimeEvidence.pays``); None without on-policy runs."""
+    return None if self.evidence is None else self.evidence.pays
 
   def theory_says_replay(self) -> bool | None:
     x, y = self.design
@@ -177,16 +129,9 @@ class Regime:
       return None
     return round_design(x, y)[1] > 1
 
-  def auto_verdict(self) -> tuple[str, float]:
-    """("yes" | "no" | "–", ratio of the self-tuning median tokens to the best fixed's)."""
-    best, autos = self.best_fixed(), [n for n in self.by_role["auto"] if self.runs[n]]
-    if best is None or not autos:
-      return "–", float("nan")
-    a, b = self.median_pct(autos[0]), self.median_pct(best)
-    ratio = a / b if b > 0 and math.isfinite(b) else float("nan")
-    if not math.isfinite(a):
-      return "no (not reached)", ratio
-    return ("yes" if ratio <= AUTO_TOLERANCE + 1e-9 else "no"), ratio
+  def seeds(self) -> int:
+    """The fewest seeds any configuration of the regime has (0 when one has none)."""
+    return min(len(v) for v in self.runs.values()) if self.runs else 0
 
   def controller(self) -> dict[str, Any]:
     """The self-tuning runs' last knobs, number of changes, seconds spent estimating and
@@ -213,7 +158,7 @@ class Regime:
     return out
 
 
-def regimes_of(sweep: dict, runs: dict) -> list[Regime]:
+def regimes_of(sweep: dict, runs: dict, seed: int = 0) -> list[Regime]:
   """The sweep's regimes in file order.
 
   Raises:
@@ -228,187 +173,277 @@ def regimes_of(sweep: dict, runs: dict) -> list[Regime]:
     order.setdefault(c["regime"], []).append(c)
   xb = tuple(rep.get("x_bounds", (1.0, 64.0)))
   yb = tuple(rep.get("y_bounds", (1.0, 16.0)))
-  return [Regime(k, v, runs, xb, yb, int(rep.get("target_last", 1))) for k, v in order.items()]
+  mus = tuple(float(m) for m in rep.get("y_star_mus", evidence.MUS))
+  return [Regime(k, v, runs, xb, yb, mus, seed) for k, v in order.items()]
 
+
+# --- over all regimes ---------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  """The regimes and what their seeds can resolve.
+
+  Attributes:
+    regimes: [Regime] with evidence. noise: ``null.NoiseModel`` fitted to all their runs.
+    rates: [``evidence.RuleRates``] of every rule at the study's design. n_seeds: the
+    fewest seeds of any configuration. n_buffers: the most buffers of a regime.
+    sd_d: SD of one seed's AUC difference under the noise model. detectable: the smallest
+    AUC difference the "replay pays" rule detects with ``null.POWER`` at ``n_seeds``.
+    detectable_saving: {regime: the token saving that difference is, NaN above 95%}.
+    n_sims: simulated studies per rate.
+  """
+
+  regimes: list
+  noise: null.NoiseModel
+  rates: list
+  n_seeds: int
+  n_buffers: int
+  sd_d: float
+  detectable: float
+  detectable_saving: dict
+  n_sims: int
+
+  def rule(self, name: str) -> evidence.RuleRates:
+    return next(r for r in self.rates if r.rule.name == name)
+
+  @property
+  def fpr_max(self) -> float:
+    """The largest false-positive rate of the rules the report decides with."""
+    return max(r.fpr_max for r in self.rates if r.used)
+
+  def line(self) -> str:
+    """``regimes=N seeds_min=S null_fpr_max=F y_star_checks=K y_star_agree=J``."""
+    checks = [c for g in self.regimes for c in g.checks]
+    return (f"regimes={len(self.regimes)} seeds_min={self.n_seeds} "
+            f"null_fpr_max={self.fpr_max:.3f} y_star_checks={len(checks)} "
+            f"y_star_agree={sum(c.agree for c in checks)}")
+
+
+def study_of(regimes: list[Regime], n_sims: int = 4000, seed: int = 0) -> Study:
+  """``Study`` of the regimes that have on-policy runs.
+
+  Raises:
+    ValueError: no regime with on-policy runs, or fewer than 2 seeds.
+  """
+  done = [g for g in regimes if g.evidence is not None]
+  if not done:
+    raise ValueError("no regime has on-policy runs")
+  n_seeds = min(g.seeds() for g in done)
+  if n_seeds < 2:
+    raise ValueError(f"a configuration has {n_seeds} seed(s): paired statistics need 2")
+  data = [(float(np.median(list(g.evidence.budget_s.values()))),
+           {n: {r.seed: r.curve() for r in rs} for n, rs in g.runs.items() if rs}) for g in done]
+  noise = null.fit_noise(data)
+  curves = {g.name: evidence.mean_curve(g.runs[g.reference]) for g in done}
+  n_buffers = max(g.evidence.n_tests for g in done)
+  rates = evidence.rule_table(noise, curves, n_buffers, n_seeds, n_sims, seed)
+  sd_d = null.auc_difference_sd(noise)
+  det = null.detectable_difference(sd_d, n_seeds, n_buffers)
+  return Study(done, noise, rates, n_seeds, n_buffers, sd_d, det,
+               {g: null.saving_for_gain(f, det) for g, f in curves.items()}, n_sims)
+
+
+# --- the page -----------------------------------------------------------------------------
 
 def _yes(v: bool | None, yes: str, no: str) -> str:
   return "–" if v is None else yes if v else no
 
 
-def summary_sentences(regimes: list[Regime]) -> str:
-  """The map in two sentences (the README's headline states them)."""
-  from jaxreplay import report
-  pays = [g for g in regimes if g.replay_pays()]
-  done = [g for g in regimes if g.replay_pays() is not None]
-  consts = "; ".join(f"{g.name}: μ = {report.fmt(g.median['mu'], 2)}, α = "
-                     f"{report.fmt(g.median['alpha'], 2)}, ρ = {report.fmt(g.median['rho'], 2)}"
-                     for g in done)
-  if not done:
-    return "No regime has its on-policy and fixed runs yet."
-  if not pays:
-    first = (f"In none of the {len(done)} regimes did a replay buffer, fixed or self-tuning, "
-             "reach on-policy's final accuracy with fewer generated tokens than on-policy")
-  else:
-    parts = [f"{g.name} (`{g.best_replay()}`: {report.fmt(g.median_pct(g.best_replay()), 0)}% "
-             "of on-policy's tokens)" for g in pays]
-    rest = [g.name for g in done if g not in pays]
-    first = (f"Replay saved generation in {len(pays)} of {len(done)} regimes, "
-             + ", ".join(parts) + (f", and not in {', '.join(rest)}" if rest else ""))
-  autos = [g.auto_verdict() for g in done]
-  ok = sum(v == "yes" for v, _ in autos)
-  second = (f"the measured constants ({consts}) put the theory's optimum "
-            + ("at on-policy or near it" if not any(g.theory_says_replay() for g in done)
-               else "at a buffer in " + ", ".join(g.name for g in done
-                                                  if g.theory_says_replay()))
-            + f", and the self-tuning buffer met its target (≤ {AUTO_TOLERANCE:.0%} of the "
-            f"best fixed configuration's tokens) in {ok} of {len(done)}.")
-  return f"{first}; {second}"
+def _lead_phrase(g: Regime) -> str:
+  ev = g.evidence
+  c = ev.vs_reference.get(ev.lead) if ev.lead else None
+  return f"`{ev.lead}`, {tables.fmt_diff(c.auc)}" if c else "no buffer"
 
 
-def _verdict_cell(g: Regime, verdict: str, ratio: float, best_xy) -> str:
-  """The self-tuning verdict, its ratio to the best fixed configuration's tokens and, when it
-  fails, where the controller settled (median over seeds) against the best fixed (x, y)."""
-  from jaxreplay import report
-  cell = f"{verdict} ({report.fmt(ratio, 2)}×)" if math.isfinite(ratio) else verdict
-  k = g.controller()
-  if verdict.startswith("no") and k["x"]:
-    x, y = report.quantiles(k["x"])[1], report.quantiles(k["y"])[1]
-    cell += (f": it settled at (x, y) = ({report.fmt(x, 0)}, {report.fmt(y, 2)}), the best "
-             f"fixed is ({report.fmt(best_xy[0], 0)}, {report.fmt(best_xy[1], 0)})")
-  return cell
+def summary_sentences(study: Study) -> str:
+  """The map in three sentences (the README's headline states them)."""
+  gs, s = study.regimes, study
+  pays = [g for g in gs if g.evidence.pays]
+  rule = s.rule("auc_bonferroni")
+  first = (f"Paired by seed ({s.n_seeds} seeds, one warm start each), a buffer's mean held-out "
+           f"accuracy over on-policy's log-token budget (AUC) beats on-policy's by the rule "
+           f"below (one-sided t at 5%/{s.n_buffers}, false-positive rate "
+           f"{tables.fmt(rule.fpr_max, 3)} under the runs' own noise) in {len(pays)} of "
+           f"{len(gs)} regimes")
+  if pays:
+    first += ": " + "; ".join(f"{g.name} ({_lead_phrase(g)})" for g in pays)
+  rest = [g for g in gs if g not in pays]
+  if rest:
+    first += ("; not shown in " + "; ".join(f"{g.name} ({_lead_phrase(g)})" for g in rest))
+  need = sorted(n or math.inf for n in rule.seeds_needed.values())
+  span = lambda n: "more than 64" if n == math.inf else str(n)  # noqa: E731
+  need_txt = ("–" if not need else span(need[0]) if need[0] == need[-1] else
+              f"{span(need[0])} to {span(need[-1])}")
+  sav = ", ".join(f"{tables.fmt(100 * v, 0)}% ({g})" if v == v else f"more than 95% ({g})"
+                  for g, v in sorted(s.detectable_saving.items(), key=lambda kv: (
+                      kv[1] != kv[1], kv[1])))
+  second = (f"The study is underpowered: with {s.n_seeds} seeds the smallest AUC difference it "
+            f"detects 4 times in 5 is {tables.fmt(s.detectable, 3)}, which on the regimes' "
+            f"on-policy curves is a token saving of {sav}; a {null.SAVING:.0%} saving needs "
+            f"{need_txt} seeds")
+  short = [g for g in gs if g.evidence.auto_short]
+  with_auto = [g for g in gs if g.evidence.auto_short is not None]
+  checks = [c for g in gs for c in g.checks]
+  third = (f"self-tuning is shown short of the best fixed configuration in {len(short)} of "
+           f"{len(with_auto)} regimes, and the theory's y*(μ) agrees with the runs re-scored on "
+           f"compute in {sum(c.agree for c in checks)} of {len(checks)} checks "
+           f"({sum(not c.informative for c in checks)} cannot tell).")
+  return f"{first}. {second}; {third}"
 
 
-def render_map(sweep: dict, regimes: list[Regime], figure: str | None) -> list[str]:
+def _regime_row(g: Regime) -> list[str]:
+  """One row of ``REGIME_COLUMNS``."""
+  ev, fq, fmt = g.evidence, tables.fmt_q, tables.fmt
+  x, y = g.design
+  lead = ev.vs_reference.get(ev.lead) if ev.lead else None
+  auto = ev.vs_best.get(ev.auto) if ev.auto else None
+  mu_on = [r.mu_time() for n in g.by_role["onpolicy"] for r in g.runs[n]]
+  return [g.name, fq([c["mu"] for c in g.constants], 2), fq(mu_on, 2),
+          fq([c["alpha"] for c in g.constants], 2), fq([c["rho"] for c in g.constants], 2),
+          f"({fmt(x, 2)}, {fmt(y, 2)})", fq([d[1] for d in g.seed_designs], 2),
+          f"`{ev.lead}`" if ev.lead else "–", tables.fmt_diff(lead.auc if lead else None),
+          fmt(lead.auc.p_value, 3) if lead else "–", _yes(ev.pays, "**yes**", "not shown"),
+          (f"{tables.fmt_diff(auto.auc)} (best fixed `{ev.best_fixed}`)" if auto else "–"),
+          _yes(ev.auto_short, "**yes**", "not shown")]
+
+
+def _intro(sweep: dict, study: Study) -> list[str]:
+  n = study.n_buffers
+  return [
+      f"Sweep `configs/sweep/where_replay_pays.py` ({len(study.regimes)} regimes × "
+      f"{len(sweep['seeds'])} seeds; per regime on-policy, two fixed FIFO buffers and the "
+      "self-tuning buffer at one generation budget). Every comparison is paired by seed "
+      "(a seed's runs share its warm start): per seed, configuration minus reference, then "
+      "the mean over seeds with its 95% Student t interval (and the seed bootstrap's, "
+      "`scipy.stats.bootstrap`, which covers well below its nominal rate with few seeds, "
+      "tests/test_study_stats.py: never used alone). **AUC**: the mean held-out sampled "
+      f"accuracy over the log-token axis from {stats.LO_FRAC:g} of on-policy's generated "
+      "tokens to all of them, each run's evaluations interpolated linearly. **Accuracy at "
+      "25/50/100%** of that budget: from each curve averaged over each evaluation and its "
+      "neighbours. **Tokens to its smoothed final**: tokens at which "
+      "a smoothed curve first reaches the reference's smoothed accuracy at the budget, over "
+      "the reference's own; median over seeds [seed bootstrap]. P(improvement): the share of "
+      "seeds on which the configuration is ahead.",
+      "",
+      f"Decisions (rules and their simulated false-positive rates below): **replay pays** "
+      f"when one of the regime's {n} buffers has an AUC above on-policy's by a one-sided "
+      f"paired t test at 5%/{n}; **self-tuning falls short** when its AUC is below the best "
+      "fixed configuration's (highest mean AUC, on-policy included) by the same test at "
+      "5%/k, k the fixed configurations it is chosen from. μ, α, ρ: median [IQR] over the "
+      "self-tuning runs' seeds (μ from phase times at the R the controller ran; \"μ "
+      "on-policy\": the same at R = B; α, ρ from `rl.noise`, ρ clipped to [0, 1] and α to "
+      "≥ 0 before the theory); theory: `theory.power_law_design_bounded` within the sweep's "
+      "bounds at the median constants, and its y* at each seed's own.",
+      ""]
+
+
+def _comparisons(g: Regime) -> list:
+  """Every configuration against on-policy, then, when the best fixed configuration is a
+  buffer, the others against it (on-policy against it is a row above, negated)."""
+  ev = g.evidence
+  out = [c for c in ev.vs_reference.values() if c is not None]
+  if ev.best_fixed != g.reference:
+    out += [c for n, c in ev.vs_best.items() if c is not None and n != g.reference]
+  return out
+
+
+def _noise_lines(study: Study) -> list[str]:
+  m, fmt = study.noise, tables.fmt
+  names = [g.name for g in study.regimes]
+  return [
+      "### Decision rules under the runs' own noise", "",
+      f"Noise model fitted to the runs (`study.null.fit_noise`): one evaluation jitters by "
+      f"{fmt(m.jitter)} around its run's curve ({m.n_jitter} second differences), a seed's "
+      f"offset shared by its configurations has SD {fmt(m.seed)} and a run's own offset "
+      f"{fmt(m.run)} (analysis of variance of the runs' AUC, {m.df_seed} and {m.df_run} "
+      f"degrees of freedom). One seed's AUC difference between two runs then has SD "
+      f"{fmt(study.sd_d)}. Each rule is simulated {study.n_sims} times on curves drawn from "
+      f"this model with {study.n_seeds} seeds, on-policy and {study.n_buffers} buffers, "
+      f"evaluations every 1/{len(null.EVAL_GRID) - 1} of the budget and each regime's "
+      "on-policy mean curve (its saturating fit): "
+      "all curves equal (false-positive rate; the best of the buffers is what each rule "
+      f"reads), and one buffer reaching every accuracy with {1 - null.SAVING:.0%} of the "
+      "tokens (power). A rule is kept only with a false-positive rate ≤ 5%.", ""] + \
+      tables.table(tables.RULE_HEADER, tables.rule_rows(study.rates, names)) + [""]
+
+
+def render_map(sweep: dict, study: Study, figure: str | None) -> list[str]:
   """The "Where replay pays" section, markers included (markdown lines)."""
-  from jaxreplay import report
-  fq = report.fmt_q
-  L = [MAP_NOTE, "", "## Where replay pays", "",
-       f"Sweep `configs/sweep/where_replay_pays.py` ({len(regimes)} regimes × "
-       f"{len(sweep['seeds'])} seeds; per regime on-policy, two fixed FIFO buffers and the "
-       "self-tuning buffer at one generation budget). μ, α, ρ: median [IQR] over the "
-       "self-tuning runs' seeds (μ from phase times at the R the controller ran; \"μ "
-       "on-policy\": the same at R = B, from the on-policy runs; α, ρ the median of each "
-       "run's buffer estimates, `rl.noise`; ρ is clipped to [0, 1] and α to ≥ 0 before the "
-       "theory, as the controller does). Theory: `theory.power_law_design_bounded` at the "
-       "median constants within the sweep's bounds, and its y* at each seed's own "
-       "constants. Tokens: generated tokens to reach the regime's "
-       "on-policy final accuracy (the mean of its last "
-       f"{int((sweep.get('report') or {}).get('target_last', 1))} evaluation(s)), % of "
-       "on-policy's, median [IQR] over seeds (k/n: seeds that reach it). Sweep's best: the "
-       "least tokens among on-policy and the fixed buffers (on-policy wins ties). \"Replay "
-       "pays\": a buffer, fixed or self-tuning, needs fewer tokens than on-policy. The theory "
-       "predicts replay when its y* rounds above 1.", "",
-       f"**{summary_sentences(regimes)}**", ""]
+  gs = study.regimes
+  L = [MAP_NOTE, "", "## Where replay pays", ""] + _intro(sweep, study)
+  L += [f"**{summary_sentences(study)}**", ""]
+  L += tables.table(list(REGIME_COLUMNS), [_regime_row(g) for g in gs]) + [""]
+  if any(g.evidence.auto_short for g in gs):  # the sweep file's ``why`` quotes the old rule
+    L += ["Why the self-tuning buffer misses: [measurements]"
+          "(replay-study.md#why-the-self-tuning-buffer-misses).", ""]
+  L += ["### Every configuration against on-policy and against the best fixed", "",
+        "Differences in held-out sampled accuracy (configuration − reference), mean over "
+        "seeds [95% t interval]; the last column is a ratio of tokens (below 1: fewer).", ""]
+  rows = [tables.comparison_row(g.name, c) for g in gs for c in _comparisons(g)]
+  L += tables.table(tables.COMPARISON_HEADER, rows) + [""]
+  L += _noise_lines(study)
+  L += ["### Saturating fits", "",
+        "R(C) = R0 + (A − R0)/(1 + (C_mid/C)^B) (ScaleRL, Khatri et al. 2025) fitted by "
+        "`scipy.optimize.curve_fit` to a configuration's pooled evaluations, C = generated "
+        "tokens / on-policy's budget, R0 the mean warm-start accuracy; intervals: "
+        f"{evidence.FIT_BOOT} seed bootstrap resamples. A is reported only where the fit "
+        "identifies it (C_mid within the runs in ≥ 97.5% of the resamples and A, B off their "
+        "bounds); elsewhere compare B and C_mid.", ""]
+  L += tables.table(tables.FIT_HEADER, [tables.fit_row(g.name, n, f) for g in gs
+                                        for n, f in g.evidence.fits.items()]) + [""]
+  L += _y_star_lines(gs)
+  L += _controller_lines(gs)
+  if figure:
+    L += [f"![Held-out sampled accuracy against generated tokens, per regime]({figure})", ""]
+  return L + [MAP_END]
+
+
+def _y_star_lines(gs: list[Regime]) -> list[str]:
+  checks = [c for g in gs for c in g.checks]
+  if not checks:
+    return []
+  mus = sorted({c.mu for c in checks})
+  return [
+      "### The theory's y*(μ) against the runs re-scored on compute", "",
+      "The same runs on the theory's compute axis C = K_train + μ·K_inf (trained samples plus "
+      "μ × generated rollouts, its (B + μR)·T) at μ ∈ {" + ", ".join(tables.fmt(m, 1)
+                                                                        for m in mus) + "}: "
+      "AUC over log C up to on-policy's C, among on-policy and the fixed buffers (self-tuning "
+      "changes y as it runs). Best y: the highest mean AUC; y's not shown worse: those whose "
+      "AUC is not below the best's by a one-sided paired t test at 5%/(n − 1). Agree: the "
+      "theory's y*(μ), at the regime's α and ρ and rounded to the nearest y run, is among "
+      "them while the runs exclude some y (when they exclude none, they cannot tell). These "
+      "μ were chosen after the runs, so the check is not pre-registered.", ""] + \
+      tables.table(tables.Y_STAR_HEADER, [tables.y_star_row(g.name, c) for g in gs
+                                          for c in g.checks]) + [""]
+
+
+def _controller_lines(gs: list[Regime]) -> list[str]:
+  fq = tables.fmt_q
   rows = []
-  for g in regimes:
-    best = g.best_fixed()
-    autos = [n for n in g.by_role["auto"] if g.runs[n]]
-    x, y = g.design
-    bx, by = g.xy(best) if best else (float("nan"), float("nan"))
-    verdict, ratio = g.auto_verdict()
-    mu = [c["mu"] for c in g.constants]
-    mu_on = [r.mu_time() for n in g.by_role["onpolicy"] for r in g.runs[n]]
-    al = [c["alpha"] for c in g.constants]
-    rh = [c["rho"] for c in g.constants]
-
-    def reach(n):
-      v = g.pct(n)
-      return f"{sum(math.isfinite(t) for t in v)}/{len(v)}"
-
-    rows.append([
-        g.name, fq(mu, 2), fq(mu_on, 2), fq(al, 2), fq(rh, 2),
-        f"({report.fmt(x, 2)}, {report.fmt(y, 2)})",
-        fq([d[1] for d in g.seed_designs], 2),
-        f"`{best}` ({report.fmt(bx, 0)}, {report.fmt(by, 0)})" if best else "–",
-        (f"{fq(g.pct(best), 0)} ({reach(best)})" if best else "–"),
-        (f"{fq(g.pct(autos[0]), 0)} ({reach(autos[0])})" if autos else "–"),
-        _yes(g.replay_pays(), "yes", "no"),
-        _yes(None if g.replay_pays() is None or g.theory_says_replay() is None
-             else g.replay_pays() == g.theory_says_replay(), "yes", "no"),
-        _verdict_cell(g, verdict, ratio, (bx, by))])
-  L += report._table(["regime", "μ", "μ on-policy", "α", "ρ", "theory's (x*, y*)",
-                      "y* per seed", "sweep's best (x, y)",
-                      "best fixed: tokens, % of on-policy", "self-tuning: tokens, % of on-policy",
-                      "replay pays", "theory matched", "self-tuning ≤ 110% of best fixed"],
-                     rows) + [""]
-  why = (sweep.get("report") or {}).get("why")  # the sweep file's measured explanation
-  if why and any(g.auto_verdict()[0].startswith("no") for g in regimes):
-    L += [f"Where self-tuning misses its target: {why}", ""]
-
-  # every configuration of every regime
-  L += ["Every configuration (final sampled accuracy: mean of the last evaluations; "
-        "plateau: on-policy's final minus the evaluations before, near 0 when it has "
-        "stopped improving):", ""]
-  rows = []
-  for g in regimes:
-    an = g.analysis
-    for c in g.configs:
-      n = c["name"]
-      if not g.runs[n] or an is None:
-        rows.append([g.name, f"`{n}`", c.get("role", ""), "–", "–", "–", "–", "–"])
-        continue
-      x, y = g.xy(n)
-      xy = "auto" if c.get("role") == "auto" else f"({report.fmt(x, 0)}, {report.fmt(y, 0)})"
-      v = g.pct(n)
-      rows.append([g.name, f"`{n}`", c.get("role", ""), xy,
-                   fq(an.values(n, "final_sampled")), fq(v, 0),
-                   f"{sum(math.isfinite(t) for t in v)}/{len(v)}",
-                   fq(an.values(n, "final_minus_previous"), 3) if n == g.reference else ""])
-  L += report._table(["regime", "configuration", "role", "(x, y)", "final sampled",
-                      "tokens to on-policy's final, %", "reached", "plateau check"],
-                     rows) + [""]
-
-  # the controller
-  L += ["The self-tuning runs' last setting (median [IQR] over seeds) and how often the "
-        "controller changed it:", ""]
-  rows = []
-  for g in regimes:
+  for g in gs:
     k = g.controller()
     if not k["R"]:
       continue
     share = [e / w if w else float("nan") for e, w in zip(k["estimate_s"], k["wall_s"])]
     rows.append([g.name, fq(k["R"], 0), fq(k["y"], 2), fq(k["x"], 1), fq(k["changes"], 0),
                  fq(k["estimate_s"], 0), fq(share, 2)])
-  L += report._table(["regime", "R (rollouts per step)", "y = B/R", "x (steps kept)",
-                      "changes", "estimating (s)", "estimating, share of the run's phases"],
-                     rows) + [""]
-  if figure:
-    L += [f"![Held-out sampled accuracy against generated tokens, per regime]({figure})", ""]
-  L += [MAP_END]
-  return L
+  if not rows:
+    return []
+  return ["The self-tuning runs' last setting (median [IQR] over seeds) and how often the "
+          "controller changed it:", ""] + tables.table(
+              ["regime", "R (rollouts per step)", "y = B/R", "x (steps kept)", "changes",
+               "estimating (s)", "estimating, share of the run's phases"], rows) + [""]
 
 
-def plot_map(regimes: list[Regime], path: str) -> None:
-  """One panel per regime: held-out sampled accuracy against generated tokens, median and
-  IQR band over seeds per configuration; the dotted line is on-policy's final accuracy."""
-  from jaxreplay import report
-  plt = report.plt
-  fig, axes = plt.subplots(1, len(regimes), figsize=(5.5 * len(regimes), 4.2), squeeze=False)
-  for ax, g in zip(axes[0], regimes):
-    styles = report._styles(g.configs)
-    for c in g.configs:
-      rs = g.runs[c["name"]]
-      if not rs:
-        continue
-      report.plot_band(ax, rs, "generated_tokens", "eval/acc_sampled", styles[c["name"]],
-                       f"{c['name'].removeprefix(g.name + '_')} ({len(rs)})", lw=1.4)
-    if g.analysis is not None:
-      ax.axhline(g.analysis.target, color="k", lw=0.8, ls=":")
-    ax.set_title(g.name, fontsize=10)
-    ax.set_xlabel("generated tokens")
-    ax.set_ylabel("held-out sampled accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110, bbox_inches="tight")
-  plt.close(fig)
-
-
-def splice_map(text: str, block: Sequence[str]) -> str:
+def splice_map(text: str, block: Sequence[str], footer: str | None = None) -> str:
   """``text`` (a results page) with its map section replaced by ``block``, or ``block``
   inserted before the page's first ``## `` heading when it has none (at the end when it
-  has no heading)."""
+  has no heading); the page then ends with ``footer`` (a ``FOOTER`` line), or with the
+  footer ``text`` had."""
   lines = text.splitlines()
+  old = [ln for ln in lines if FOOTER.match(ln)]
+  lines = [ln for ln in lines if not FOOTER.match(ln)]
   start = next((i for i, ln in enumerate(lines) if ln.startswith(MAP_START)), None)
   end = next((i for i, ln in enumerate(lines) if ln.strip() == MAP_END), None)
   if start is not None and end is not None and end >= start:
@@ -416,7 +451,9 @@ def splice_map(text: str, block: Sequence[str]) -> str:
   else:
     at = next((i for i, ln in enumerate(lines) if ln.startswith("## ")), len(lines))
     lines = lines[:at] + list(block) + [""] + lines[at:]
-  return "\n".join(lines).rstrip() + "\n"
+  out = "\n".join(lines).rstrip() + "\n"
+  foot = footer or (old[-1] if old else None)
+  return out + f"\n{foot}\n" if foot else out
 
 
 def map_block(text: str) -> list[str]:
@@ -429,38 +466,45 @@ def map_block(text: str) -> list[str]:
   return lines[start:end + 1]
 
 
+def map_footer(text: str) -> str | None:
+  """The page's ``FOOTER`` line, or None."""
+  return next((ln for ln in reversed(text.splitlines()) if FOOTER.match(ln)), None)
+
+
 def write_map(sweep: dict, workdir: str, md_path: str) -> list[str]:
   """Computes the map from the sweep's runs and splices it into ``md_path`` (created when
-  absent); the figure goes to ``<md_path without .md>/where_replay_pays.png``. A README
-  beside the page's ``docs/`` gets its headline block rewritten (``report.readme_beside``).
+  absent), the page ending with the study's line; the figure goes to
+  ``<md_path without .md>/where_replay_pays.png``. ``report.null_sims`` (default 4000) sets
+  the simulated studies per rule and rate.
 
   Returns:
     [md_path, figure path].
 
   Raises:
-    ValueError: a configuration without ``regime`` / ``role`` (``regimes_of``).
+    ValueError: a configuration without ``regime`` / ``role`` (``regimes_of``), no regime
+      with on-policy runs or fewer than 2 seeds (``study_of``).
   """
-  from jaxreplay import report
-  runs, _ = report.load_runs(sweep, workdir)
-  regimes = regimes_of(sweep, runs)
+  runs, _ = load_runs(sweep, workdir)
+  sims = int((sweep.get("report") or {}).get("null_sims", 4000))
+  study = study_of(regimes_of(sweep, runs), n_sims=sims)
   fig_dir = os.path.splitext(md_path)[0]
   os.makedirs(fig_dir, exist_ok=True)
   fig = os.path.join(fig_dir, "where_replay_pays.png")
-  plot_map(regimes, fig)
-  block = render_map(sweep, regimes, os.path.relpath(fig, os.path.dirname(md_path)))
+  figures.plot_regimes([(g.name, g.configs, g.runs, _final_mean(g)) for g in study.regimes],
+                       fig)
+  block = render_map(sweep, study, os.path.relpath(fig, os.path.dirname(md_path)))
   try:
     with open(md_path) as f:
       old = f.read()
   except OSError:
     old = f"# {(sweep.get('report') or {}).get('title', 'Where replay pays')}\n"
-  report._write(md_path, splice_map(old, block).splitlines())
-  readme = report.readme_beside(md_path)
-  if readme:
-    report.write_readme_headline(readme, md_path)
-  for g in regimes:
-    x, y = g.design
-    if x == x:
-      print(f"{g.name}: mu={g.median['mu']:.3g} alpha={g.median['alpha']:.3g} "
-            f"rho={g.median['rho']:.3g} -> theory (x*, y*) = ({x:.2f}, {y:.2f}), "
-            f"rounded {round_design(x, y)}")
+  tables.write_lines(md_path, splice_map(old, block, study.line()).splitlines())
+  print(study.line())
   return [md_path, fig]
+
+
+def _final_mean(g: Regime) -> float | None:
+  """On-policy's smoothed accuracy at its budget, mean over seeds (the figure's line)."""
+  rs = g.runs.get(g.reference) or []
+  v = [float(stats.smooth(r.curve()[1])[-1]) for r in rs]
+  return float(np.mean(v)) if v else None

@@ -53,42 +53,61 @@ def test_readme_block_is_rendered_from_results_md():
                              "`python -m jaxreplay.report`")
 
 
+def _tables(lines):
+  """Every markdown table in ``lines`` as its rows (header -> cell)."""
+  out, cur = [], []
+  for ln in list(lines) + [""]:
+    if ln.startswith("|"):
+      cur.append(ln)
+    elif cur:
+      out.append(table_rows(cur))
+      cur = []
+  return out
+
+
 def test_readme_headline_numbers_equal_results_md():
   block = report.readme_headline_block(read(README))
   res = read(RESULTS)
   rows = table_rows(block)
   assert rows, "no table in the README's headline block"
-  target = re.search(r"median over its seeds = \*\*([\d.]+)\*\*", res).group(1)
   text = "\n".join(block)
-  assert f"**{target}**" in text
   page_map = regime_map.map_block(res)
+  head = re.search(r"- runs: (\d+) present of \d+ \((\d+) configurations × seeds ([^)]*)\)", res)
   if page_map:
-    # the map: its two sentences and every row of its regime table, cell for cell
-    src = {r["regime"]: r for r in table_rows(page_map) if "μ" in r}
+    # the map: its summary sentences and every row of its regime table, cell for cell
+    src = {r["regime"]: r for r in table_rows(page_map) if "μ" in r and "α" in r}
     summary = next(ln for ln in page_map if ln.startswith("**")).strip("*")
     assert summary in text
     assert sorted(r["regime"] for r in rows) == sorted(src)
     for row in rows:
       assert row == {k: src[row["regime"]][k] for k in report.MAP_COLUMNS}, row["regime"]
-  else:
-    tables = results_tables()
-    for row in rows:
-      name = row["configuration"].strip("`")
-      src = tables[name]
-      assert row["x = N/R"] == src["x = N/R"] and row["y = B/R"] == src["y = B/R"], name
-      assert row["final sampled accuracy, median [IQR]"] == src["final sampled"], name
-      assert row[f"generated tokens to reach {target}, % of on-policy"] == \
-          src["tokens to target, % of on-policy"], name
-      assert row["seeds that reach it"] == src["reached"], name
-      for col in [c for c in row if c.startswith("compute to reach it")]:
-        assert row[col] == src[col.replace("compute to reach it", "compute to target")], (name,
-                                                                                       col)
-    # every configuration the page lists is either a row or named with its seeds reaching
-    for name, src in tables.items():
-      if "reached" in src and not any(r["configuration"] == f"`{name}`" for r in rows):
-        assert f"`{name}` ({src['reached']})" in text, name
+    # the study's closing line, and the old rule's false-positive rate from the rules table
+    assert f"Study: `{res.rstrip().splitlines()[-1]}`." in text
+    rules = {r["rule"]: r for t in _tables(page_map) for r in t if "rule" in r}
+    fpr = rules["`first_crossing`"]["false-positive rate (largest over regimes)"]
+    assert f"fires on equal curves at a rate of {fpr} " in text
+    assert (f"({head.group(2)} configurations × {len(head.group(3).split(','))} seeds, "
+            f"{head.group(1)} runs)") in text
+    return
+  target = re.search(r"median over its seeds = \*\*([\d.]+)\*\*", res).group(1)
+  assert f"**{target}**" in text
+  tables = results_tables()
+  for row in rows:
+    name = row["configuration"].strip("`")
+    src = tables[name]
+    assert row["x = N/R"] == src["x = N/R"] and row["y = B/R"] == src["y = B/R"], name
+    assert row["final sampled accuracy, median [IQR]"] == src["final sampled"], name
+    assert row[f"generated tokens to reach {target}, % of on-policy"] == \
+        src["tokens to target, % of on-policy"], name
+    assert row["seeds that reach it"] == src["reached"], name
+    for col in [c for c in row if c.startswith("compute to reach it")]:
+      assert row[col] == src[col.replace("compute to reach it", "compute to target")], (name,
+                                                                                     col)
+  # every configuration the page lists is either a row or named with its seeds reaching
+  for name, src in tables.items():
+    if "reached" in src and not any(r["configuration"] == f"`{name}`" for r in rows):
+      assert f"`{name}` ({src['reached']})" in text, name
   # the single-regime sweep's prose numbers: run counts, run time, μ, best configuration
-  head = re.search(r"- runs: (\d+) present of \d+ \((\d+) configurations × seeds ([^)]*)\)", res)
   assert f"{head.group(2)} configurations × {len(head.group(3).split(','))} seeds" in text
   assert f"({head.group(1)} runs, " in text
   wall = re.search(r"wall time \(summary\.json\): ([\d.]+) min", res).group(1)
@@ -97,6 +116,30 @@ def test_readme_headline_numbers_equal_results_md():
   assert f"easured μ = {mu}" in text
   best = re.search(r"Best configuration found: `([^`]+)`", res).group(1)
   assert f"best configuration found: `{best}`" in text
+
+
+def test_results_md_ends_with_the_study_line_its_tables_give():
+  """The page's last line restates its own tables: regimes in the map, the fewest seeds, the
+  largest false-positive rate of the rules it decides with, the y* checks and agreements."""
+  res = read(RESULTS)
+  page_map = regime_map.map_block(res)
+  if not page_map:
+    pytest.skip("the results page has no regime map")
+  m = re.fullmatch(r"regimes=(\d+) seeds_min=(\d+) null_fpr_max=([\d.]+) "
+                   r"y_star_checks=(\d+) y_star_agree=(\d+)", res.rstrip().splitlines()[-1])
+  assert m, "docs/results.md does not end with the study line"
+  tabs = _tables(page_map)
+  regimes = [r for t in tabs for r in t if "μ" in r and "α" in r]
+  assert int(m.group(1)) == len(regimes)
+  sweep_line = next(ln for ln in page_map if ln.startswith("Sweep `"))
+  assert int(m.group(2)) == int(re.search(r"× (\d+) seeds", sweep_line).group(1))
+  rules = [r for t in tabs for r in t if "rule" in r]
+  used = [float(r["false-positive rate (largest over regimes)"]) for r in rules
+          if r["decides"] != "–"]
+  assert used and m.group(3) == f"{max(used):.3f}" and max(used) <= 0.05
+  checks = [r for t in tabs for r in t if "theory's y*(μ)" in r]
+  assert int(m.group(4)) == len(checks)
+  assert int(m.group(5)) == sum(r["agree"] == "yes" for r in checks)
 
 
 def test_every_number_in_the_block_appears_in_results_md():

@@ -1,21 +1,32 @@
 """The regime map (``jaxreplay.regime_map``) on hand-made runs with known answers: the
-constants read from the self-tuning runs, the theory's design at them, tokens to reach
-on-policy's final accuracy, the best fixed configuration, the verdicts, the page splice."""
+constants read from the self-tuning runs, the theory's design at them, the paired comparisons
+and the decisions drawn from them, the y* checks on the compute axis, the page splice and its
+closing study line."""
 
 import json
 import math
 import os
+import re
 
+import numpy as np
 import pytest
+from scipy import stats as sps
 
 from jaxreplay import regime_map, report, theory
+from jaxreplay.study import evidence
+from jaxreplay.study.runs import load_runs
+
+BASE = [0.30, 0.36, 0.40, 0.43, 0.45, 0.46, 0.47]  # accuracy every 20 generated tokens
+OFFSET = [0.0, 0.01, -0.01]                          # each seed's warm start and curve
 
 
-def _write_run(d, evals, b=4, r=4, n=4, tokens_per_rollout=2.5, gen_s=0.1, train_s=0.2,
+def _write_run(d, acc, b=4, r=4, n=4, tokens_per_rollout=2.5, gen_s=0.1, train_s=0.2,
                noise=None, auto=None):
-  """Step records 1..last (R rollouts of ``tokens_per_rollout`` tokens per step), the
-  {step: acc_sampled} evaluations, and per step ``noise`` (alpha, rho) / ``auto`` records
-  ({step: {...}})."""
+  """Step records 1..last (R rollouts of ``tokens_per_rollout`` tokens per step), an
+  evaluation every 20 generated tokens (``acc``, step 0 first), and per step ``noise``
+  (alpha, rho) / ``auto`` records ({step: {...}})."""
+  every = int(20 / (r * tokens_per_rollout))
+  evals = {i * every: a for i, a in enumerate(acc)}
   os.makedirs(d, exist_ok=True)
   with open(os.path.join(d, "metrics.jsonl"), "w") as f:
     for step in range(0, max(evals) + 1):
@@ -33,39 +44,47 @@ def _write_run(d, evals, b=4, r=4, n=4, tokens_per_rollout=2.5, gen_s=0.1, train
                "buffer": {"capacity": n}}, f)
 
 
-ONPOL = {0: 0.1, 2: 0.4, 4: 0.6}  # B = R = 4, 10 tokens per step: 0.6 reached at 40 tokens
-NOISE = {2: {"noise/alpha": 0.2, "noise/rho": 0.1}, 4: {"noise/alpha": 0.3, "noise/rho": 0.1},
-         6: {"noise/alpha": "NaN", "noise/rho": 0.3}}  # NaN as the metric files keep it
+NOISE = {4: {"noise/alpha": 0.2, "noise/rho": 0.1}, 8: {"noise/alpha": 0.3, "noise/rho": 0.1},
+         12: {"noise/alpha": "NaN", "noise/rho": 0.3}}  # NaN as the metric files keep it
 AUTO = {s: {"auto/R": 2.0, "auto/max_staleness": 3.0, "auto/changed": float(s == 2)}
-        for s in range(1, 9)}
+        for s in range(1, 25)}
+# per seed, a configuration's curve minus on-policy's (the same at every evaluation)
+SHIFT = {"a_fixed": [0.14, 0.15, 0.16], "a_auto": [0.10, 0.11, 0.10],
+         "b_fixed": [-0.05, -0.04, -0.06], "b_auto": [0.01, -0.01, 0.0]}
 
 
 def _sweep(tmp_path):
-  """Regime a: a buffer (x = 4, y = 2) reaches 0.6 with half the tokens, the self-tuning
-  run needs as many as on-policy. Regime b: the buffer never reaches it, the self-tuning
-  run with half the tokens; μ = 10 there (generation 10× slower per step)."""
+  """Regime a: the buffer (x = 4, y = 2) is ahead of on-policy by 0.15 on average, the
+  self-tuning run by 0.103, below the buffer. Regime b: the buffer is behind, the self-tuning
+  run level with on-policy; μ = 10 there (generation 10× slower per step)."""
   for seed in range(3):
+    curve = lambda shift: [v + OFFSET[seed] + shift for v in BASE]  # noqa: E731
     for g in ("a", "b"):
-      _write_run(tmp_path / f"{g}_onpolicy" / f"seed{seed}", ONPOL)
-    _write_run(tmp_path / "a_fixed" / f"seed{seed}", {0: 0.1, 4: 0.6, 8: 0.7}, r=2, n=8)
-    _write_run(tmp_path / "a_auto" / f"seed{seed}", {0: 0.1, 4: 0.5, 8: 0.6}, r=2, n=8,
+      _write_run(tmp_path / f"{g}_onpolicy" / f"seed{seed}", curve(0.0))
+      _write_run(tmp_path / f"{g}_fixed" / f"seed{seed}", curve(SHIFT[f"{g}_fixed"][seed]),
+                 r=2, n=8)
+    _write_run(tmp_path / "a_auto" / f"seed{seed}", curve(SHIFT["a_auto"][seed]), r=2, n=8,
                noise=NOISE, auto=AUTO)
-    _write_run(tmp_path / "b_fixed" / f"seed{seed}", {0: 0.1, 4: 0.3, 8: 0.55}, r=2, n=8)
-    _write_run(tmp_path / "b_auto" / f"seed{seed}", {0: 0.1, 4: 0.6, 8: 0.6}, r=2, n=8,
-               gen_s=1.0, noise={2: {"noise/alpha": 0.1, "noise/rho": 0.5}}, auto=AUTO)
+    _write_run(tmp_path / "b_auto" / f"seed{seed}", curve(SHIFT["b_auto"][seed]), r=2, n=8,
+               gen_s=1.0, noise={4: {"noise/alpha": 0.1, "noise/rho": 0.5}}, auto=AUTO)
   configs = []
   for g in ("a", "b"):
     configs += [dict(name=f"{g}_onpolicy", regime=g, role="onpolicy"),
                 dict(name=f"{g}_fixed", regime=g, role="fixed"),
                 dict(name=f"{g}_auto", regime=g, role="auto")]
   return {"seeds": [0, 1, 2], "configurations": configs, "base_config": "configs/default.py",
-          "report": {"kind": "regime_map", "target_last": 1, "x_bounds": (1.0, 8.0),
-                     "y_bounds": (1.0, 4.0)}}
+          "report": {"kind": "regime_map", "x_bounds": (1.0, 8.0), "y_bounds": (1.0, 4.0),
+                     "null_sims": 400}}
 
 
-def test_constants_theory_and_verdicts_with_known_answers(tmp_path):
+def _p_greater(d):
+  d = np.asarray(d, float)
+  return sps.t.sf(d.mean() / (d.std(ddof=1) / math.sqrt(len(d))), len(d) - 1)
+
+
+def test_constants_theory_and_decisions_with_known_answers(tmp_path):
   s = _sweep(tmp_path)
-  runs, missing = report.load_runs(s, str(tmp_path))
+  runs, missing = load_runs(s, str(tmp_path))
   assert not missing
   a, b = regime_map.regimes_of(s, runs)
   # μ = (0.1 s / 2 rollouts) / (0.2 s / 4 samples) = 1; α median of 0.2, 0.3 (NaN left out)
@@ -78,23 +97,47 @@ def test_constants_theory_and_verdicts_with_known_answers(tmp_path):
   assert a.design[1] == pytest.approx(1.0) and a.theory_says_replay() is False
   # at μ = 10, α = 0.1, ρ = 0.5: y* = (−0.1 + √(0.01 + 10·0.5·0.8))/0.5 = 3.805 (inside)
   assert b.design[1] == pytest.approx((-0.1 + math.sqrt(0.01 + 4.0)) / 0.5, rel=1e-6)
-  assert b.theory_says_replay() is True
-  # tokens to 0.6: on-policy 40, a_fixed 20 (50%), a_auto 40 (100%); b_fixed never, b_auto 20
-  assert a.pct("a_fixed") == [50.0] * 3 and a.pct("a_auto") == [100.0] * 3
-  assert a.best_fixed() == "a_fixed" and a.replay_pays() is True
-  assert a.auto_verdict() == ("no", pytest.approx(2.0))
-  assert b.pct("b_fixed") == [math.inf] * 3 and b.best_fixed() == "b_onpolicy"
-  # b: no fixed buffer beats on-policy, the self-tuning one does: replay pays there too
-  assert b.best_replay() == "b_auto" and b.replay_pays() is True
-  assert b.auto_verdict() == ("yes", pytest.approx(0.5))
+  # a curve shifted by c at every evaluation has an AUC and smoothed accuracies c higher
+  ea, eb = a.evidence, b.evidence
+  fx = ea.vs_reference["a_fixed"]
+  assert fx.auc.diff_s == pytest.approx(tuple(SHIFT["a_fixed"]))
+  half = sps.t.ppf(0.975, 2) * 0.01 / math.sqrt(3)
+  assert fx.auc.t == pytest.approx((0.15 - half, 0.15 + half))
+  assert all(fx.at[f].mean == pytest.approx(0.15) for f in evidence.FRACTIONS)
+  assert fx.auc.p_value == pytest.approx(_p_greater(SHIFT["a_fixed"]))
+  assert fx.auc.p_improve == 1.0 and fx.tokens.reached == 3
+  # replay pays in a (p far below 5%/2; the rule reads the buffer with the smallest p: the
+  # self-tuning run's differences are smaller but steadier), not in b (the best p is 0.5)
+  assert _p_greater(SHIFT["a_auto"]) < _p_greater(SHIFT["a_fixed"]) < 0.05 / 2
+  assert ea.pays and ea.lead == "a_auto" and ea.best_fixed == "a_fixed"
+  assert not eb.pays and eb.lead == "b_auto" and eb.best_fixed == "b_onpolicy"
+  assert eb.vs_reference["b_auto"].auc.p_value == pytest.approx(0.5)
+  # self-tuning against the best fixed: short in a (best − it = 0.04, 0.04, 0.06), not in b
+  d = np.subtract(SHIFT["a_fixed"], SHIFT["a_auto"])
+  assert ea.vs_best["a_auto"].auc.mean == pytest.approx(-d.mean())
+  assert _p_greater(d) < 0.05 / 2 and ea.auto_short is True
+  assert eb.auto_short is False
   k = a.controller()
   assert k["R"] == [2.0] * 3 and k["y"] == [2.0] * 3 and k["x"] == [4.0] * 3
   assert k["changes"] == [1] * 3
-  text = regime_map.summary_sentences([a, b])
-  assert text.startswith("Replay saved generation in 2 of 2 regimes, a (`a_fixed`: 50% of "
-                         "on-policy's tokens), b (`b_auto`: 50% of on-policy's tokens); ")
-  assert "a: μ = 1.00, α = 0.25, ρ = 0.10" in text and "at a buffer in b" in text
-  assert text.endswith("in 1 of 2.")
+
+
+def test_y_star_checks_on_the_compute_axis(tmp_path):
+  """In a the buffer (y = 2) is far ahead at every μ, in b far behind: the runs exclude one
+  y, and a check agrees when the theory's y* (nearest y run) is the other."""
+  s = _sweep(tmp_path)
+  runs, _ = load_runs(s, str(tmp_path))
+  a, b = regime_map.regimes_of(s, runs)
+  for g, ys, alpha, rho in ((a, (2.0,), 0.25, 0.1), (b, (1.0,), 0.1, 0.5)):
+    assert [c.mu for c in g.checks] == list(evidence.MUS)
+    for c in g.checks:
+      assert c.ys == ys and c.grid == (1.0, 2.0) and c.informative
+      y = evidence.theory_design(c.mu, alpha, rho, (1, 8), (1, 4))[1]
+      nearest = 1.0 if abs(math.log2(y)) < abs(math.log2(y) - 1) else 2.0
+      assert c.theory_grid == nearest and c.agree == (nearest in ys)
+  # every y run not shown worse: cannot tell, never an agreement
+  c = evidence.YStarCheck(1.0, 1.2, 1.0, (1.0, 2.0), "x", 1.0, (1.0, 2.0))
+  assert not c.informative and not c.agree
 
 
 def test_round_design():
@@ -114,42 +157,40 @@ def test_map_is_spliced_into_the_page_and_kept_by_the_single_regime_report(tmp_p
   s = _sweep(tmp_path)
   md = tmp_path / "docs" / "results.md"
   md.parent.mkdir()
-  md.write_text("# Title\n\nintro\n\n## Figures\n\nold\n")
+  md.write_text("# Title\n\nintro\n\n## Figures\n\nOLD-FIGURES\n")
   paths = report.write_report({**s, "report": {**s["report"], "results_md": str(md)}},
                               str(tmp_path), "cmd")
   text = md.read_text()
   assert paths[0] == str(md) and os.path.getsize(paths[1]) > 5000
-  assert text.index("## Where replay pays") < text.index("## Figures") and "old" in text
+  assert text.index("## Where replay pays") < text.index("## Figures") and "OLD-FIGURES" in text
   # μ on-policy: (0.1 s / 4 rollouts) / (0.2 s / 4 samples) = 0.5
   assert ("| a | 1.00 [1.00, 1.00] | 0.50 [0.50, 0.50] | 0.25 [0.25, 0.25] | 0.10 [0.10, 0.10] "
-          "| (1.00, 1.00) |") in text
-  assert ("| (1.00, 1.00) | 1.00 [1.00, 1.00] | `a_fixed` (4, 2) | 50 [50, 50] (3/3) | 100 "
-          "[100, 100] (3/3) | yes | no | no (2.00×): it settled at (x, y) = (4, 2.00), the best "
-          "fixed is (4, 2) |") in text
-  # b: on-policy is the best fixed; the self-tuning buffer pays, as the theory predicts
-  assert ("| `b_onpolicy` (1, 1) | 100 [100, 100] (3/3) | 50 [50, 50] (3/3) | yes | yes | "
-          "yes (0.50×) |") in text
-  assert "Where self-tuning misses" not in text  # no ``why`` in the sweep file
+          "| (1.00, 1.00) | 1.00 [1.00, 1.00] | `a_auto` | +0.103 [0.089, 0.118] | ") in text
+  assert "| **yes** | -0.047 [" in text  # a: replay pays; self-tuning − best fixed
+  assert "| `b_auto` | +0.000 [-0.025, 0.025] | 0.500 | not shown |" in text
+  # the page ends with the study line; its counts are the hand-made sweep's
+  last = text.rstrip().splitlines()[-1]
+  m = re.fullmatch(r"regimes=2 seeds_min=3 null_fpr_max=([\d.]+) y_star_checks=8 "
+                   r"y_star_agree=(\d+)", last)
+  assert m and 0 < float(m.group(1)) <= 0.1
+  checks = [c for g in regime_map.regimes_of(s, load_runs(s, str(tmp_path))[0])
+            for c in g.checks]
+  assert int(m.group(2)) == sum(c.agree for c in checks)
   # the map again: replaced, not duplicated
   report.write_report({**s, "report": {**s["report"], "results_md": str(md)}}, str(tmp_path),
                       "cmd")
   assert md.read_text() == text and text.count(regime_map.MAP_END) == 1
-  # a sweep file's ``why`` is printed under the table when a verdict is no (a's is)
-  report.write_report({**s, "report": {**s["report"], "results_md": str(md),
-                                       "why": "stale items keep no signal."}},
-                      str(tmp_path), "cmd")
-  assert "\nWhere self-tuning misses its target: stale items keep no signal.\n" in md.read_text()
-  report.write_report({**s, "report": {**s["report"], "results_md": str(md)}}, str(tmp_path),
-                      "cmd")
-  # the single-regime report rewrites the page and keeps the map
+  assert text.count("\nregimes=") == 1
+  # the single-regime report rewrites the page and keeps the map and the study line
   single = {"seeds": [0, 1, 2], "base_config": "configs/default.py",
             "configurations": [dict(name="a_onpolicy", family="on"),
                                dict(name="a_fixed", family="fifo")],
             "report": {"reference": "a_onpolicy", "results_md": str(md)}}
   report.write_report(single, str(tmp_path), "cmd2")
   new = md.read_text()
-  assert "old" not in new and "Regenerate: `cmd2`" in new
+  assert "OLD-FIGURES" not in new and "Regenerate: `cmd2`" in new
   assert regime_map.map_block(new) == regime_map.map_block(text)
+  assert new.rstrip().splitlines()[-1] == last
 
 
 def test_a_configuration_without_regime_or_role_is_named(tmp_path):
@@ -160,8 +201,8 @@ def test_a_configuration_without_regime_or_role_is_named(tmp_path):
 
 
 def test_readme_headline_becomes_the_map(tmp_path):
-  """A results page with a map gives the README's headline block as the map's two
-  sentences and its regime table, then the single-regime sweep in one sentence."""
+  """A results page with a map gives the README's headline block as the map's sentences, its
+  regime table and its study line, then the single-regime sweep in one sentence."""
   s = _sweep(tmp_path)
   md = tmp_path / "docs" / "results.md"
   md.parent.mkdir()
@@ -172,13 +213,34 @@ def test_readme_headline_becomes_the_map(tmp_path):
   report.write_report({**s, "report": {**s["report"], "results_md": str(md)}}, str(tmp_path),
                       "cmd")
   h = report.headline_from_results(md.read_text())
-  assert h["map"]["summary"].startswith("Replay saved generation in 2 of 2 regimes")
+  assert h["map"]["summary"].startswith("Paired by seed (3 seeds, one warm start each)")
+  assert "in 1 of 2 regimes: a (`a_auto`, +0.103 [0.089, 0.118]); not shown in b" in \
+      h["map"]["summary"]
   assert [r["regime"] for r in h["map"]["rows"]] == ["a", "b"]
-  assert h["map"]["rows"][0]["replay pays"] == "yes"
+  assert h["map"]["rows"][0]["replay pays"] == "**yes**"
+  assert h["map"]["line"].startswith("regimes=2 seeds_min=3 ")
   block = report.render_headline(h)
   assert block[0] == report.HEADLINE_NOTE and block[-1] == report.HEADLINE_END
   assert block[2].startswith("**Where replay pays**, `configs/sweep/where_replay_pays.py` "
                              "(2 regimes × 3 seeds): ") and h["map"]["summary"] in block[2]
   assert block[4] == "| " + " | ".join(report.MAP_COLUMNS) + " |"
-  assert block[6].startswith("| a | 1.00 [1.00, 1.00] | 0.50 [0.50, 0.50] | 0.25 [0.25, 0.25] |")
-  assert f"best configuration found: `{h['best']}`" in block[-3]
+  assert block[6].startswith("| a | 1.00 [1.00, 1.00] | 0.25 [0.25, 0.25] |")
+  assert block[-3].startswith(f"Study: `{h['map']['line']}`.")
+  assert f"at a rate of {h['map']['rules']['first_crossing']} under" in block[-3]
+
+
+def test_one_direction_of_imports():
+  """statistics ← runs ← evidence ← tables / figures ← regime_map ← report: no module
+  imports one after it."""
+  order = ["stats", "fit", "null", "runs", "evidence", "tables", "figures"]
+  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jaxreplay")
+  later = {m: order[i + 1:] + ["regime_map", "report"] for i, m in enumerate(order)}
+  later["regime_map"] = ["report"]
+  for mod, banned in later.items():
+    path = os.path.join(root, "study", f"{mod}.py") if mod in order else \
+        os.path.join(root, f"{mod}.py")
+    src = open(path).read()
+    for b in banned:
+      assert not re.search(rf"^\s*(from jaxreplay(\.study)? import .*\b{b}\b|"
+                           rf"from jaxreplay(\.study)?\.{b} import|import jaxreplay(\.study)?\.{b})",
+                           src, re.M), (mod, b)

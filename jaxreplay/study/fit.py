@@ -138,14 +138,15 @@ def fit_seeds(curves: Sequence[tuple[np.ndarray, np.ndarray]], level: float = LE
       refitted once, ~60 ms). seed: the resampling generator's seed.
 
   Returns:
-    ``SaturatingFit`` with intervals (without them when there is one seed).
+    ``SaturatingFit`` with intervals (without them with one seed, ``n_boot`` < 1 or no
+    resample that fits).
 
   Raises:
     ValueError / RuntimeError: as ``fit_curve`` on the pooled data.
   """
   n = len(curves)
   point = fit_curve(*_pool(curves, range(n)))
-  if n < 2:
+  if n < 2 or n_boot < 1:
     return point
   rng = np.random.default_rng(seed)
   draws, cache = [], {}
@@ -159,6 +160,8 @@ def fit_seeds(curves: Sequence[tuple[np.ndarray, np.ndarray]], level: float = LE
         cache[idx] = None
     if cache[idx] is not None:
       draws.append(cache[idx])
+  if not draws:
+    return point
   q = ((1 - level) / 2, (1 + level) / 2)
 
   def ci(vals):

@@ -219,7 +219,8 @@ def rule_smoothed_crossing(tokens_e, acc_nkse):
   (per seed, smoothed curves, interpolated crossings) over the reference's is below 1."""
   sm = stats.smooth(acc_nkse)
   reach = _first_interp(tokens_e, sm, sm[:, 0:1, :, -1] * np.ones(sm.shape[1])[:, None])
-  ratio = reach[:, 1:] / reach[:, 0:1]
+  with np.errstate(divide="ignore", invalid="ignore"):  # inf/inf: neither reached
+    ratio = reach[:, 1:] / reach[:, 0:1]
   return np.min(np.median(ratio, -1), -1) < 1.0
 
 
