@@ -1,9 +1,51 @@
-"""Test set-up: 8 fake CPU devices (for sharding tests), set before JAX is imported."""
+"""Test set-up: 8 fake CPU devices (for sharding tests), set before JAX is imported, and one
+scratch directory per test session shared by every pytest-xdist worker and every process the
+tests start: base policies (keyed as the main job keys them) and JAX's persistent compilation
+cache, so that what one test file trains or compiles, the others load."""
 
+import contextlib
 import os
+import shutil
+import tempfile
+
+import pytest
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+SESSION_ENV = "JAXREPLAY_TEST_SESSION_DIR"
+_OWNED = pytest.StashKey[str]()
+
+
+def pytest_configure(config):
+  """Creates the session's shared directory in the controlling process, before any worker
+  starts (workers and subprocesses inherit the environment), and points JAX's persistent
+  compilation cache at it. An explicit ``JAX_COMPILATION_CACHE_DIR`` is kept."""
+  if SESSION_ENV not in os.environ:  # the controller (or a run without xdist)
+    os.environ[SESSION_ENV] = tempfile.mkdtemp(prefix="jaxreplay-tests-")
+    config.stash[_OWNED] = os.environ[SESSION_ENV]
+  session = os.environ[SESSION_ENV]
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(session, "xla_cache"))
+  # Every compiled program is worth keeping: the tests' models are tiny, so most compiles
+  # take well under JAX's default threshold of 1 s, yet the same ones recur across files.
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def pytest_unconfigure(config):
+  """Removes the session's shared directory, in the process that created it."""
+  owned = config.stash.get(_OWNED, None)
+  if owned is not None:
+    shutil.rmtree(owned, ignore_errors=True)
+    os.environ.pop(SESSION_ENV, None)
+
+
+@pytest.fixture(scope="session")
+def base_policy_cache() -> str:
+  """``warmstart.cache_dir`` shared by the session's tests: a base policy is trained once
+  per key (its entry is locked while written) and loaded by every later test and worker."""
+  path = os.path.join(os.environ[SESSION_ENV], "base_policies")
+  os.makedirs(path, exist_ok=True)
+  return path
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -23,6 +65,68 @@ def load_bench(name: str):
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   return mod
+
+
+# Floating-point tolerances. Two paths to one value (micro-batches, chunks, packing, shards,
+# scan vs loop, another CPU's vector width) round the same terms in different orders; these
+# give the largest difference that reordering alone can make, so a test fails only on a
+# real difference (a wrong normaliser or a lost token moves the value by far more).
+def reorder_tol(n: int, dtype="float32", scale: float = 1.0) -> float:
+  """(n - 1)·eps·scale: the most two summation orders of the same n terms can differ by.
+
+  Any order's error is at most (n - 1)·u·Σ|x| with u = eps/2 (Higham, Accuracy and
+  Stability of Numerical Algorithms, 2nd ed., §4.2), so two orders differ by at most
+  (n - 1)·eps·Σ|x|. Along a chain of reductions the bounds add to first order: n is the
+  sum of the chain's lengths (``forward_terms`` for a transformer's forward pass).
+
+  Args:
+    n: terms summed along the chain that the two paths order differently.
+    dtype: the dtype the sums round in (bfloat16's eps is 2⁻⁷).
+    scale: for an ``rtol``, cond = Σ|x| / |Σx| (1 when the terms share a sign); for an
+      ``atol``, Σ|x| (for a mean: the mean size of the terms).
+  """
+  import ml_dtypes
+  return max(n - 1, 1) * float(ml_dtypes.finfo(dtype).eps) * scale
+
+
+def forward_terms(cfg, t: int) -> int:
+  """The n of ``reorder_tol`` for one position's logits and log-softmax through a
+  ``TransformerConfig`` ``cfg`` over ``t`` positions: the lengths of the reductions along
+  the chain. Per layer: RMSNorm and the q/k/v projections (d_model each), QK-norm (head_dim
+  each, if on), the attention scores (head_dim), softmax and the weighted values (t each),
+  the output projection (heads·head_dim), RMSNorm and gate/up (d_model each), down (d_ff),
+  two residual adds; then the final norm and the logits (d_model each) and the log-softmax
+  (vocab). A gradient runs the transposed reductions back: twice this, plus the positions
+  a weight's gradient sums."""
+  layer = (4 * cfg.d_model + cfg.head_dim + 2 * t + cfg.n_heads * cfg.head_dim + cfg.d_ff + 2
+           + (2 * cfg.head_dim if cfg.qk_norm else 0))
+  return cfg.n_layers * layer + 2 * cfg.d_model + cfg.vocab_size
+
+
+def logprob_tol(cfg, logits) -> float:
+  """The absolute tolerance of a log-prob or entropy of ``logits`` [B, T, V] (float32, from a
+  ``TransformerConfig`` ``cfg``) reached along another order: ``reorder_tol`` of the forward
+  chain, twice (log-softmax differences two logits). Its scale, the largest |logit|, stands
+  for the size of the terms summed along the chain (RMS-normed activations and d^-1/2
+  weights keep them about that size). A loss term exp(log-ratio)·A then moves by at most
+  this fraction of its size."""
+  import numpy as np
+  scale = float(np.abs(np.asarray(logits)).max())
+  return 2 * reorder_tol(forward_terms(cfg, logits.shape[1]), scale=scale)
+
+
+@contextlib.contextmanager
+def abs_terms():
+  """Within it, ``rl.losses.aggregate`` aggregates |x|: a loss traced inside evaluates to
+  Σ|x| over its normaliser, the ``scale`` of ``reorder_tol`` for that loss. Build and jit
+  the loss function inside (a function compiled before would keep the signed sum)."""
+  from jaxreplay.rl import losses
+  signed = losses.aggregate
+  losses.aggregate = lambda x, *args, **kw: signed(abs(x), *args, **kw)
+  try:
+    yield
+  finally:
+    losses.aggregate = signed
 
 
 # The job's entry points take a validated ``RunConfig``; tests build config trees, so these
