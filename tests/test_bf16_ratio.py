@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import load_bench
+from conftest import forward_terms, load_bench, reorder_tol
 from flax import nnx
 
 from jaxreplay.models.transformer import Transformer, TransformerConfig
@@ -54,6 +54,7 @@ def test_ratio_stats_by_hand():
   assert s["seq_std"] == pytest.approx(np.std([np.log(1.5) + 0.1, np.log(0.5)]))
 
 
+@pytest.mark.numerics
 def test_float32_agrees_bfloat16_does_not_and_recompute_makes_it_exact(policy):
   bench = _bench()
   graphdef, params, prompts, mask = policy
@@ -65,8 +66,12 @@ def test_float32_agrees_bfloat16_does_not_and_recompute_makes_it_exact(policy):
                                          pad_id=0, recompute=recompute)
   f32, bf16, exact = out["float32", False], out["bf16", False], out["bf16", True]
   assert f32["tokens"] == bf16["tokens"] > 0
-  assert f32["max_abs"] < 1e-4
-  assert bf16["std"] > 30 * f32["std"] and bf16["max_abs"] > 1e-3
+  # float32: the cache and the full forward reorder the chain (conftest.logprob_tol, with the
+  # largest |logit| over the prompts); bfloat16 differs by more than that
+  logits = nnx.merge(graphdef, params)(jnp.asarray(prompts), jnp.asarray(mask))
+  f32_tol = 2 * reorder_tol(forward_terms(CFG, P + M), scale=float(jnp.abs(logits).max()))
+  assert f32["max_abs"] < f32_tol
+  assert bf16["std"] > 30 * f32["std"] and bf16["max_abs"] > f32_tol
   assert exact["std"] == exact["max_abs"] == 0.0
 
 

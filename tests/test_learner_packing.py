@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import abs_terms, forward_terms, logprob_tol, reorder_tol
 from jaxreplay.models.transformer import Transformer, TransformerConfig
 from jaxreplay.rl import losses, packing, train_step
 from jaxreplay.rl.scoring import (packed_scores, plan_rows, token_logprobs,
@@ -23,6 +24,12 @@ B, P, M = 8, 4, 6
 T = P + M
 PROMPT_LENS = np.array([4, 2, 3, 1, 4, 2, 3, 4])
 COMP_LENS = np.array([6, 1, 3, 0, 2, 5, 4, 1])  # one empty completion, one at the cap
+# Packing reorders each token's forward chain (conftest.logprob_tol), then a loss sums the
+# loss tokens; a gradient runs the forward chain back as well and sums every position
+# (conftest.reorder_tol).
+N_FWD = forward_terms(CFG, T)
+N_TOK = int(COMP_LENS.sum())
+N_GRAD = 2 * N_FWD + B * T
 
 
 def layout(prompt_lens, comp_lens, p, m):
@@ -49,6 +56,13 @@ def setup():
                   policy_version=jnp.zeros(B, jnp.int32), newest_version=jnp.zeros(B, jnp.int32),
                   truncated=jnp.asarray(COMP_LENS == M))
   return graphdef, params, batch
+
+
+@pytest.fixture(scope="module")
+def logp_atol(setup):
+  """conftest.logprob_tol of this model's logits."""
+  graphdef, params, batch = setup
+  return logprob_tol(CFG, nnx.merge(graphdef, params)(batch.tokens, batch.attention_mask))
 
 
 def test_bucket_rows_by_hand():
@@ -112,6 +126,7 @@ def test_groups_follow_the_train_steps_micro_batches():
   np.testing.assert_array_equal(mb, rows[1])
 
 
+@pytest.mark.numerics
 def test_packed_attention_equals_each_sequence_alone(setup):
   graphdef, params, batch = setup
   model = nnx.merge(graphdef, params)
@@ -123,26 +138,30 @@ def test_packed_attention_equals_each_sequence_alone(setup):
   # one sequence per row, padded: each row's attention sees that sequence alone
   alone = np.asarray(model.hidden(batch.tokens, batch.attention_mask))
   flat = h_packed.reshape(-1, CFG.d_model)
-  np.testing.assert_allclose(flat[np.asarray(plan.dst)[attn]], alone[attn], rtol=1e-5,
-                             atol=1e-5)
+  # the layers' chain, its terms about the size of the largest |h| (conftest.logprob_tol)
+  np.testing.assert_allclose(flat[np.asarray(plan.dst)[attn]], alone[attn], rtol=0,
+                             atol=reorder_tol(N_FWD, scale=float(np.abs(alone[attn]).max())))
   assert np.asarray(plan.segment_ids).max() > 1  # some rows hold several sequences
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("chunk", [0, 3])
-def test_packed_scores_equal_full_width_on_predicted_columns(setup, chunk):
+def test_packed_scores_equal_full_width_on_predicted_columns(setup, logp_atol, chunk):
   graphdef, params, batch = setup
   plan = packing.plan_packing(np.asarray(batch.attention_mask))
   logp, ent, _ = packed_scores(graphdef, params, batch.tokens, plan, 0.9, chunk=chunk)
   ref_logp, ref_ent = token_logprobs(graphdef, params, batch.tokens, batch.attention_mask,
                                      0.9, chunk=chunk)
   keep = np.asarray(plan.keep)
-  np.testing.assert_allclose(np.asarray(logp)[keep], np.asarray(ref_logp)[keep], atol=2e-5)
-  np.testing.assert_allclose(np.asarray(ent)[keep], np.asarray(ref_ent)[keep], atol=2e-5)
+  tol = logp_atol / 0.9  # temperature 0.9 scales the logits' rounding by 1/0.9
+  np.testing.assert_allclose(np.asarray(logp)[keep], np.asarray(ref_logp)[keep], rtol=0, atol=tol)
+  np.testing.assert_allclose(np.asarray(ent)[keep], np.asarray(ref_ent)[keep], rtol=0, atol=tol)
   assert np.all(np.asarray(logp)[~keep] == 0)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("rows", [0, 3])
-def test_scoring_passes_packed_equal_full_width(setup, rows):
+def test_scoring_passes_packed_equal_full_width(setup, logp_atol, rows):
   graphdef, params, batch = setup
   attn = np.asarray(batch.attention_mask)
   plan = plan_rows(attn, rows)
@@ -153,13 +172,18 @@ def test_scoring_passes_packed_equal_full_width(setup, rows):
   want = token_logprobs_by_rows(graphdef, params, batch.tokens, batch.attention_mask, 0.9,
                                 chunk=4, rows=rows)
   for g, w in zip(got, want):
-    np.testing.assert_allclose(np.asarray(g)[keep], np.asarray(w)[keep], atol=2e-5)
+    # temperature 0.9 scales the logits' rounding by 1/0.9
+    np.testing.assert_allclose(np.asarray(g)[keep], np.asarray(w)[keep], rtol=0,
+                               atol=logp_atol / 0.9)
   logp_p, m_p = learner_behaviour_logprobs(graphdef, params, batch, temperature=1.0, rows=rows,
                                            plan=plan)
   logp_f, m_f = learner_behaviour_logprobs(graphdef, params, batch, temperature=1.0, rows=rows)
-  np.testing.assert_allclose(logp_p, logp_f, atol=2e-5)
+  np.testing.assert_allclose(logp_p, logp_f, rtol=0, atol=logp_atol)
+  # k3(x) = e^x − 1 − x moves by |e^x − 1|·δ when a log-prob moves by δ; then a token mean
+  x = np.asarray(logp_f - batch.behaviour_logprobs)[np.asarray(batch.completion_mask)]
   np.testing.assert_allclose(m_p["behaviour_kl_sampler"], m_f["behaviour_kl_sampler"],
-                             rtol=1e-4)
+                             rtol=reorder_tol(x.size),
+                             atol=logp_atol * float(np.abs(np.expm1(x)).max()))
 
 
 def _algo(loss, **kw):
@@ -169,51 +193,82 @@ def _algo(loss, **kw):
   return algo
 
 
-def test_packed_gradient_equals_full_width_for_every_loss(setup):
+@pytest.mark.numerics
+def test_packed_gradient_equals_full_width_for_every_loss(setup, logp_atol):
   graphdef, params, batch = setup
   stale = jnp.arange(B, dtype=jnp.int32) % 3
   weights = jnp.linspace(0.5, 1.5, B)
   prox = batch.behaviour_logprobs * 0.9
   plan = jax.tree.map(lambda x: x[0], packing.plan_groups(np.asarray(batch.attention_mask)))
-  fns = [train_step.make_grad_fn(graphdef, _algo(name), 1.0)
-         for name in losses.POLICY_LOSSES]
+  make_fns = lambda: [train_step.make_grad_fn(graphdef, _algo(name), 1.0)  # noqa: E731
+                      for name in losses.POLICY_LOSSES]
+  fns = make_fns()
 
   def all_losses(p, plan):
     return [f(p, batch, weights, stale, prox, None, None, plan) for f in fns]
 
   full = jax.jit(all_losses)(params, None)
   packed = jax.jit(all_losses)(params, plan)
-  for name, ((l_f, m_f), g_f), ((l_p, m_p), g_p) in zip(losses.POLICY_LOSSES, full, packed):
+  with abs_terms():
+    abs_fns = make_fns()
+    abs_full = jax.jit(lambda p: [f(p, batch, weights, stale, prox, None, None)[0][0]
+                                  for f in abs_fns])(params)
+  for name, ((l_f, m_f), g_f), ((l_p, m_p), g_p), abs_loss in zip(
+      losses.POLICY_LOSSES, full, packed, abs_full):
     assert abs(float(l_f)) > 1e-4, name
-    np.testing.assert_allclose(float(l_p), float(l_f), rtol=1e-5, atol=1e-7, err_msg=name)
-    np.testing.assert_allclose(float(m_p["entropy"]), float(m_f["entropy"]), rtol=1e-5,
-                               err_msg=name)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6,
-                                                         err_msg=name), g_p, g_f)
+    # each term moves by its size × logp_atol, then N_TOK are summed: scale Σ|term|
+    np.testing.assert_allclose(float(l_p), float(l_f), rtol=0, err_msg=name,
+                               atol=float(abs_loss) * (logp_atol + reorder_tol(N_TOK)))
+    # each token's entropy within logp_atol, then a mean of same-signed terms
+    np.testing.assert_allclose(float(m_p["entropy"]), float(m_f["entropy"]),
+                               rtol=reorder_tol(N_TOK), atol=logp_atol, err_msg=name)
+    g_max = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g_f))
+    # entries near 0 are sums of per-position terms up to about the largest entry's size
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(
+        a, b, rtol=reorder_tol(N_GRAD), atol=reorder_tol(N_GRAD, scale=g_max), err_msg=name),
+        g_p, g_f)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("algo", [
     dict(advantage="gae", kl_coef=0.1, num_minibatches=2, grad_accum_steps=2,
          logprob_chunk=3),
     dict(loss="decoupled", kl_coef=0.05, kl_mode="loss", update_epochs=2, grad_accum_steps=2),
 ], ids=["gae_kl_minibatches_accum_chunk", "decoupled_prox_ref"])
-def test_packed_train_step_equals_full_width(setup, algo):
+def test_packed_train_step_equals_full_width(setup, logp_atol, algo):
   graphdef, params, batch = setup
   algo = dict(algo, warmup_steps=0, lr_schedule="constant", lr=1e-2, staleness_buckets=(0,))
-  out = {}
-  for pack in (False, True):
+
+  def run(pack):
     spec = AlgoSpec.from_config(dict(algo, pack_sequences=pack))
     opt = train_step.make_optimizer(spec, 10)
     step = train_step.make_train_step(graphdef, opt, spec, 1.0)
     assert hasattr(step, "plan_batch") == pack
     state = train_step.init_train_state(graphdef, jax.tree.map(jnp.copy, params), opt, spec)
-    out[pack] = step(state, batch)
-  (s_f, m_f), (s_p, m_p) = out[False], out[True]
-  for key in ("loss", "pg_loss", "entropy", "grad_norm", "kl_ref"):
-    np.testing.assert_allclose(float(m_p[key]), float(m_f[key]), rtol=1e-4, atol=1e-7,
-                               err_msg=key)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-               (s_p.params, s_p.value_params), (s_f.params, s_f.value_params))
+    return step(state, batch)
+
+  (s_f, m_f), (s_p, m_p) = run(False), run(True)
+  with abs_terms():
+    _, m_abs = run(False)
+  for key in ("loss", "pg_loss"):
+    # each term (log-probs, values) moves by its size × logp_atol, then N_TOK are summed
+    atol = float(m_abs[key]) * (logp_atol + reorder_tol(N_TOK))
+    np.testing.assert_allclose(float(m_p[key]), float(m_f[key]), rtol=0, atol=atol, err_msg=key)
+  # token means of terms within logp_atol; k3(x) of two log-probs, |x| ≪ 1, within twice it
+  np.testing.assert_allclose(float(m_p["entropy"]), float(m_f["entropy"]),
+                             rtol=reorder_tol(N_TOK), atol=logp_atol)
+  np.testing.assert_allclose(float(m_p["kl_ref"]), float(m_f["kl_ref"]),
+                             rtol=reorder_tol(N_TOK), atol=2 * logp_atol)
+  # a norm sums P same-signed squares of entries each within (N_GRAD − 1)·eps
+  trained = (s_f.params, s_f.value_params)
+  n_params = sum(x.size for x in jax.tree.leaves(trained))
+  np.testing.assert_allclose(float(m_p["grad_norm"]), float(m_f["grad_norm"]),
+                             rtol=reorder_tol(N_GRAD + n_params))
+  # Two Adam steps lr·m̂/(√v̂ + ε): each moves by at most twice the gradients' relative
+  # difference (entries ≫ ε) and rounds p once
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      a, b, rtol=2 * reorder_tol(2), atol=2 * algo["lr"] * 2 * reorder_tol(N_GRAD)),
+      (s_p.params, s_p.value_params), trained)
 
 
 def test_pack_sequences_must_be_a_bool():

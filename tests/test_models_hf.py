@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from conftest import forward_terms, reorder_tol  # noqa: E402
 from jaxreplay.models import hf, safetensors_io  # noqa: E402
 from jaxreplay.parallel import make_mesh  # noqa: E402
 from jaxreplay.sampling import generate  # noqa: E402
@@ -85,14 +86,18 @@ def test_config_from_hf(family):
   assert not cfg.scale_tied_logits
 
 
+@pytest.mark.numerics
 def test_logits_match_transformers(family):
-  _, _, model, _, graphdef, params = family
+  _, _, model, cfg, graphdef, params = family
   toks, mask = left_padded_batch(np.random.RandomState(0), [40, 17, 1], 40)
   ours = np.asarray(jax.jit(lambda p, t, m: nnx.merge(graphdef, p)(t, m))(
       params, jnp.asarray(toks, jnp.int32), jnp.asarray(mask)))
   ref = hf_logits(model, toks, mask)
   diff = np.abs(ours - ref)[mask]
-  assert diff.max() <= 1e-4, diff.max()
+  # PyTorch and XLA round the forward chain each their own way (conftest.reorder_tol), its
+  # terms about the size of the largest |logit| (conftest.logprob_tol)
+  tol = reorder_tol(forward_terms(cfg, 40), scale=np.abs(ref[mask]).max())
+  assert diff.max() <= tol, (diff.max(), tol)
   assert np.abs(ref[mask]).max() > 0.5  # non-trivial logits
 
 

@@ -12,6 +12,7 @@ import optax
 import pytest
 from flax import nnx
 
+from conftest import abs_terms, forward_terms, logprob_tol, reorder_tol
 from jaxreplay.models.transformer import Transformer, TransformerConfig
 from jaxreplay.rl import losses, train_step
 from jaxreplay.rl.scoring import token_logprobs
@@ -23,6 +24,11 @@ CFG = TransformerConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_h
                         head_dim=8, d_ff=32)
 # Completion lengths per row, one fully masked: every split below has unequal token counts.
 LENGTHS = np.array([4, 1, 3, 0, 2, 4])
+# Micro-batching reorders each token's forward chain (conftest.logprob_tol), then a loss or
+# token mean sums the 14 loss tokens and up to 3 parts; a gradient runs the forward chain
+# back as well and sums all B·T positions (conftest.reorder_tol).
+N_SUM = int(LENGTHS.sum()) + 3
+N_GRAD = 2 * forward_terms(CFG, T) + B * T + 3
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +52,13 @@ def setup():
   return graphdef, params, batch, weights, stale
 
 
+@pytest.fixture(scope="module")
+def logp_atol(setup):
+  """conftest.logprob_tol of this model's logits."""
+  graphdef, params, batch, _, _ = setup
+  return logprob_tol(CFG, nnx.merge(graphdef, params)(batch.tokens, batch.attention_mask))
+
+
 def algo_for(aggregation, n):
   # one staleness bucket keeps the compiled metrics (and the test's compile time) small
   return dict(aggregation=aggregation, horizon=5, staleness_target="weight", entropy_coef=0.01,
@@ -54,14 +67,18 @@ def algo_for(aggregation, n):
 
 @pytest.fixture(scope="module")
 def grads_by_mode(setup):
-  """{n: [((loss, metrics), grads) per mode in AGGREGATIONS]}, one compile per n."""
+  """{n: [((loss, metrics), grads) per mode in AGGREGATIONS]}, one compile per n; under
+  "abs", the whole batch's [(loss, metrics)] with |term| aggregated (``abs_terms``)."""
   graphdef, params, batch, weights, stale = setup
-  out = {}
-  for n in (1, 2, 3):
+
+  def all_modes(n):
     fns = [train_step.make_grad_fn(graphdef, algo_for(m, n), temperature=1.0)
            for m in AGGREGATIONS]
-    out[n] = jax.jit(lambda p: [f(p, batch, weights, stale, None, None, None) for f in fns])(
-        params)
+    return jax.jit(lambda p: [f(p, batch, weights, stale, None, None, None) for f in fns])
+
+  out = {n: all_modes(n)(params) for n in (1, 2, 3)}
+  with abs_terms():
+    out["abs"] = [loss for loss, _ in all_modes(1)(params)]
   return out
 
 
@@ -74,28 +91,41 @@ def test_micro_batches_are_strided_and_merge_back():
     train_step.micro_batches(x, 4)
 
 
-def test_accumulated_gradient_is_the_whole_batch_gradient_in_every_mode(setup, grads_by_mode):
+@pytest.mark.numerics
+def test_accumulated_gradient_is_the_whole_batch_gradient_in_every_mode(setup, grads_by_mode,
+                                                                       logp_atol):
   _, _, batch, _, _ = setup
   for n in (2, 3):
     counts = np.asarray(train_step.micro_batches(batch.completion_mask, n).sum((1, 2)))
     assert len(set(counts.tolist())) == n, counts  # unequal token counts
   for k, mode in enumerate(AGGREGATIONS):
     (loss1, m1), g1 = grads_by_mode[1][k]
+    abs_loss, abs_m = grads_by_mode["abs"][k]
     flat1 = jax.tree.leaves(g1)
-    assert max(float(jnp.abs(g).max()) for g in flat1) > 1e-3, mode  # a real gradient
+    g_max = max(float(jnp.abs(g).max()) for g in flat1)
+    assert g_max > 1e-3, mode  # a real gradient
     for n in (2, 3):
       (loss_n, m_n), g_n = grads_by_mode[n][k]
       msg = f"{mode}, {n} micro-batches"
-      np.testing.assert_allclose(loss_n, loss1, rtol=1e-6, atol=1e-8, err_msg=msg)
+      # each term moves by its size × logp_atol, then N_SUM are summed: scale Σ|term|
+      loss_atol = float(abs_loss) * (logp_atol + reorder_tol(N_SUM))
+      np.testing.assert_allclose(loss_n, loss1, rtol=0, atol=loss_atol, err_msg=msg)
       for a, b in zip(jax.tree.leaves(g_n), flat1):
-        # float32 sums in another order: ~1e-8 absolute on gradients of up to ~5e-2
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7, err_msg=msg)
-      for key in ("pg_loss", "entropy", "ratio_mean", "clip_frac", "kl_behaviour", "tokens"):
-        np.testing.assert_allclose(m_n[key], m1[key], rtol=1e-5, atol=1e-7,
-                                   err_msg=f"{msg}: {key}")
+        # entries near 0 are sums of per-token terms up to about the largest entry's size
+        np.testing.assert_allclose(a, b, rtol=reorder_tol(N_GRAD),
+                                   atol=reorder_tol(N_GRAD, scale=g_max), err_msg=msg)
+      # token means of terms within logp_atol (entropy) or that fraction (ratio, k3 ≤ its
+      # ratio) of their size; a clipped fraction counts the same tokens; pg_loss as the loss
+      for key in ("entropy", "ratio_mean", "clip_frac", "kl_behaviour", "tokens"):
+        np.testing.assert_allclose(m_n[key], m1[key], rtol=logp_atol + reorder_tol(N_SUM),
+                                   atol=logp_atol, err_msg=f"{msg}: {key}")
+      pg_atol = float(abs_m["pg_loss"]) * (logp_atol + reorder_tol(N_SUM))
+      np.testing.assert_allclose(m_n["pg_loss"], m1["pg_loss"], rtol=0, atol=pg_atol,
+                                 err_msg=f"{msg}: pg_loss")
 
 
-def test_accumulated_gradient_with_value_head_and_reference(setup):
+@pytest.mark.numerics
+def test_accumulated_gradient_with_value_head_and_reference(setup, logp_atol):
   graphdef, params, batch, weights, stale = setup
   algo = dict(advantage="gae", gae_whiten=True, kl_coef=0.1, kl_mode="reward",
               aggregation="seq_mean_token_mean", staleness_buckets=(0,))
@@ -104,20 +134,32 @@ def test_accumulated_gradient_with_value_head_and_reference(setup):
   vp = jax.tree.map(lambda x: x + 0.1 * jnp.ones_like(x), state.value_params)
   ref_params = jax.tree.map(lambda x: x * 1.05, params)
 
-  @jax.jit
-  def both(trainable):
-    ref, _ = token_logprobs(graphdef, ref_params, batch.tokens, batch.attention_mask)
-    return [train_step.make_grad_fn(graphdef, dict(algo, grad_accum_steps=n), 1.0)(
-        trainable, batch, weights, stale, None, ref, None) for n in (1, 3)]
+  def grads(*ns):
+    @jax.jit
+    def f(trainable):
+      ref, _ = token_logprobs(graphdef, ref_params, batch.tokens, batch.attention_mask)
+      return [train_step.make_grad_fn(graphdef, dict(algo, grad_accum_steps=n), 1.0)(
+          trainable, batch, weights, stale, None, ref, None) for n in ns]
+    return f((params, vp))
 
-  ((l1, _), g1), ((l3, _), g3) = both((params, vp))
-  np.testing.assert_allclose(l3, l1, rtol=1e-6)
+  ((l1, _), g1), ((l3, _), g3) = grads(1, 3)
+  with abs_terms():
+    [((abs_loss, _), _)] = grads(1)
+  # as in the test above, with GAE over T and whitening (mean, variance) over the 14 tokens
+  n_sum = N_SUM + T + 2 * int(LENGTHS.sum())
+  np.testing.assert_allclose(l3, l1, rtol=0,
+                             atol=float(abs_loss) * (logp_atol + reorder_tol(n_sum)))
   assert float(jnp.abs(g1[1]["w"][...]).max()) > 1e-3  # the value head learns
+  g_max = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g1))
   for a, b in zip(jax.tree.leaves(g3), jax.tree.leaves(g1)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    # as in the test above, with the advantages' chain
+    np.testing.assert_allclose(a, b, rtol=reorder_tol(N_GRAD + n_sum - N_SUM),
+                               atol=reorder_tol(N_GRAD + n_sum - N_SUM, scale=g_max))
 
 
-def test_train_step_with_accumulation_takes_the_whole_batch_step(setup, grads_by_mode):
+@pytest.mark.numerics
+def test_train_step_with_accumulation_takes_the_whole_batch_step(setup, grads_by_mode,
+                                                                  logp_atol):
   graphdef, params, batch, weights, stale = setup
   k = AGGREGATIONS.index("token_mean")
   (loss1, _), g1 = grads_by_mode[1][k]
@@ -127,13 +169,22 @@ def test_train_step_with_accumulation_takes_the_whole_batch_step(setup, grads_by
   state, metrics = train_step.make_train_step(graphdef, opt, spec, temperature=1.0)(
       state, batch, weights, stale)
   want = jax.tree.map(lambda p, g: p - 0.5 * g, params, g1)
+  g_max = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g1))
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(want)):
-    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-  np.testing.assert_allclose(metrics["loss"], loss1, rtol=1e-6)
-  np.testing.assert_allclose(metrics["grad_norm"], optax.tree.norm(g1), rtol=1e-5)
+    # p − 0.5·g: one rounding of p each, and half the gradients' difference (test above)
+    np.testing.assert_allclose(a, b, rtol=reorder_tol(2),
+                               atol=0.5 * reorder_tol(N_GRAD, scale=g_max))
+  abs_loss = float(grads_by_mode["abs"][k][0])
+  np.testing.assert_allclose(metrics["loss"], loss1, rtol=0,  # as in the first test
+                             atol=abs_loss * (logp_atol + reorder_tol(N_SUM)))
+  # a norm sums P same-signed squares of entries each within (N_GRAD − 1)·eps
+  n_params = sum(g.size for g in jax.tree.leaves(g1))
+  np.testing.assert_allclose(metrics["grad_norm"], optax.tree.norm(g1),
+                             rtol=reorder_tol(N_GRAD + n_params))
   assert int(state.step) == 1
 
 
+@pytest.mark.numerics
 def test_aggregate_with_the_whole_batch_normaliser_sums_to_the_aggregate():
   rng = np.random.default_rng(0)
   loss = jnp.asarray(rng.normal(size=(5, 4)), jnp.float32)
@@ -143,7 +194,10 @@ def test_aggregate_with_the_whole_batch_normaliser_sums_to_the_aggregate():
     norm = losses.aggregate_normaliser(mask, mode)
     parts = sum(losses.aggregate(loss[np.array(r)], mask[np.array(r)], mode, 3, norm)
                 for r in ([0, 1], [2], [3, 4]))
-    np.testing.assert_allclose(parts, whole, rtol=1e-6, err_msg=mode)
+    # 10 tokens and 3 parts, terms of both signs: scale Σ|x| over the normaliser
+    abs_whole = float(losses.aggregate(jnp.abs(loss), mask, mode, horizon=3))
+    np.testing.assert_allclose(parts, whole, rtol=0, atol=reorder_tol(13, scale=abs_whole),
+                               err_msg=mode)
 
 
 @pytest.mark.parametrize("field,value,match", [

@@ -6,8 +6,10 @@ import threading
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
+from conftest import logprob_tol
 from jaxreplay.models import Transformer, TransformerConfig
 from jaxreplay.rollout import Rollout
 from jaxreplay.sampling import generate
@@ -35,10 +37,16 @@ def _rollout():
   return graphdef, params, r
 
 
+@pytest.mark.numerics
 def test_kl_reward_penalty_is_zero_against_itself_and_exact_against_uniform():
   graphdef, params, r = _rollout()
   same = kl_reward_penalty(graphdef, params, r, temperature=1.0, beta=0.5, estimator="k1")
-  np.testing.assert_allclose(same, r.rewards, atol=1e-5)
+  # β·Σ_t (μ_t − ref_t): the sampler's and the learner's log-probs, each token within
+  # conftest.logprob_tol
+  model = nnx.merge(graphdef, params)
+  logp_atol = logprob_tol(model.cfg, model(r.tokens, r.attention_mask))
+  n_tok = int(np.asarray(r.completion_mask).sum(-1).max())
+  np.testing.assert_allclose(same, r.rewards, rtol=0, atol=0.5 * n_tok * logp_atol)
   # A reference whose final norm scale is 0 gives all-zero logits: the uniform policy,
   # log ref = -log V on every token, so k1 summed = Σ_t (log μ_t + log V).
   uniform = jax.tree.map(lambda x: x, params)
