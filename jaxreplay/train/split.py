@@ -57,7 +57,10 @@ class _Stopped(Exception):
 class BusyClock:
   """Seconds each side worked and seconds both worked at the same moment (thread-safe).
 
-  ``set(side, busy)`` at every transition; the clock integrates the two busy flags."""
+  ``set(side, busy)`` at every transition; the clock integrates the two busy flags from the
+  ``now`` it was created with. Time only moves forward: a transition stamped before the
+  clock's latest reading counts from that reading, so that both sides' seconds never exceed
+  the time read, and the seconds both worked never exceed either side's."""
 
   def __init__(self, now: float):
     self._lock = threading.Lock()
@@ -65,15 +68,30 @@ class BusyClock:
     self.busy_s = {"generator": 0.0, "learner": 0.0}
     self.both_s = 0.0
 
+  def _advance(self, now: float | None):
+    now = max(time.time() if now is None else now, self._t)
+    dt = now - self._t
+    for k, b in self._busy.items():
+      self.busy_s[k] += dt if b else 0.0
+    self.both_s += dt if all(self._busy.values()) else 0.0
+    self._t = now
+
   def set(self, side: str, busy: bool, now: float | None = None):
-    """Marks ``side`` ('generator' or 'learner') busy or idle from ``now`` on."""
+    """Marks ``side`` ('generator' or 'learner') busy or idle from ``now`` (default: the
+    current time) on."""
     with self._lock:
-      now = time.time() if now is None else now
-      dt = now - self._t
-      for k, b in self._busy.items():
-        self.busy_s[k] += dt if b else 0.0
-      self.both_s += dt if all(self._busy.values()) else 0.0
-      self._t, self._busy[side] = now, busy
+      self._advance(now)
+      self._busy[side] = busy
+
+  def read(self) -> tuple[float, dict[str, float], float]:
+    """One consistent reading, integrated up to the current time.
+
+    Returns:
+      (that time, seconds each side worked as {'generator', 'learner'}, seconds both worked).
+    """
+    with self._lock:
+      self._advance(None)
+      return self._t, dict(self.busy_s), self.both_s
 
 
 class Generator:
@@ -317,19 +335,21 @@ def train_split(run, carry: Carry) -> Carry:
         carry = carry.replace(ledger=carry.ledger + _lost(gen))
 
       # --- RECORD ----------------------------------------------------------------------------
-      wall = max(time.time() - t_start, 1e-9)
+      # one reading: the generator thread moves the clock meanwhile
+      now, busy, both = clock.read()
+      wall = max(now - t_start, 1e-9)
       timers = carry.timers.replace(generate_s=t0.generate_s + gen_busy,
                                     generator_wait_s=(t0.generator_wait_s or 0.0) + gen_wait,
                                     learner_wait_s=(t0.learner_wait_s or 0.0) + learner_wait,
                                     train_s=carry.timers.train_s + train_s,
-                                    both_busy_s=(t0.both_busy_s or 0.0) + clock.both_s)
+                                    both_busy_s=(t0.both_busy_s or 0.0) + both)
       carry = carry.replace(state=state, buffer=buffer, limiter_state=limiter, timers=timers,
                             step=step + 1)
       extra = {"limiter_inserted": _int(limiter.inserted), "limiter_sampled": _int(limiter.sampled),
                "rollouts_since_last_step": len(pending) * run.rollout.per_step,
-               "generator_idle": 1.0 - clock.busy_s["generator"] / wall,
-               "learner_idle": 1.0 - clock.busy_s["learner"] / wall,
-               "overlap": clock.both_s / wall, "weight_swaps": swaps}
+               "generator_idle": 1.0 - busy["generator"] / wall,
+               "learner_idle": 1.0 - busy["learner"] / wall,
+               "overlap": both / wall, "weight_swaps": swaps}
       gen_metrics = generation.mean_metrics(pending)
       carry = record_step(run, carry, metrics, gen_metrics, extra)
       clock.set("learner", False)
