@@ -83,8 +83,8 @@ def _meta(workdir):
 
 
 def test_controller_sets_r_and_cutoff_and_resumes_exactly(tmp_path, fixed_estimates,
-                                                          monkeypatch):
-  cache, wd = tmp_path / "cache", tmp_path / "run"
+                                                          monkeypatch, base_policy_cache):
+  cache, wd = base_policy_cache, tmp_path / "run"
   logs = []
   run(tiny_config(wd, cache, steps=4), log=logs.append)
   recs = [r for r in read_metrics(wd) if "staleness_hist" in r]
@@ -132,11 +132,12 @@ def test_controller_sets_r_and_cutoff_and_resumes_exactly(tmp_path, fixed_estima
   assert final.num_estimates == 3 and final.last_step == 6 and final.log == state.log
 
 
-def test_generation_budget_ends_the_run_and_a_resume_keeps_it(tmp_path, fixed_estimates):
+def test_generation_budget_ends_the_run_and_a_resume_keeps_it(tmp_path, fixed_estimates,
+                                                               base_policy_cache):
   """``train.max_generated_rollouts``: the run ends after the step whose generation spends
   the budget (evaluated and checkpointed there), a resume does not train past it, and a
   larger budget continues the same run."""
-  cache, wd = tmp_path / "cache", tmp_path / "run"
+  cache, wd = base_policy_cache, tmp_path / "run"
   c = tiny_config(wd, cache, steps=6)
   c.train.max_generated_rollouts = 40
   summary = run(c)

@@ -64,7 +64,7 @@ def tiny_config(workdir, cache_dir, **overrides):
   return c
 
 
-def test_trainer_keeps_best_and_resumes_from_latest(tmp_path, monkeypatch):
+def test_trainer_keeps_best_and_resumes_from_latest(tmp_path, monkeypatch, base_policy_cache):
   # Held-out accuracies are scripted (the real evaluation runs; acc_sampled is replaced)
   # so that the best step is not the last one. Call 0 is the evaluation before RL.
   script = iter([0.9, 0.3, 0.6, 0.2, 0.5, 0.55, 0.7])
@@ -75,7 +75,7 @@ def test_trainer_keeps_best_and_resumes_from_latest(tmp_path, monkeypatch):
 
   monkeypatch.setattr(build_lib, "evaluate", scripted)
   wd = tmp_path / "run"
-  s = run(tiny_config(wd, tmp_path / "cache", **{"train.steps": 4}), log=lambda *_: None)
+  s = run(tiny_config(wd, base_policy_cache, **{"train.steps": 4}), log=lambda *_: None)
   best_dir = wd / "checkpoints_best"
   assert sorted(os.listdir(best_dir)) == ["2"]  # 0.6 at step 2; the 0.9 before RL is no checkpoint
   assert s["best_checkpoint"]["step"] == 2 and s["best_checkpoint"]["eval/acc_sampled"] == 0.6
@@ -97,7 +97,7 @@ def test_trainer_keeps_best_and_resumes_from_latest(tmp_path, monkeypatch):
   assert any(not np.array_equal(x, y) for x, y in zip(p2, c))  # and step 4 differs from it
   # resuming to 6 steps starts from the latest (4), not the best (2)
   logs = []
-  s = run(tiny_config(wd, tmp_path / "cache", **{"train.steps": 6}), log=logs.append)
+  s = run(tiny_config(wd, base_policy_cache, **{"train.steps": 6}), log=logs.append)
   assert any("resumed" in str(m) and "at step 4" in str(m) for m in logs), logs
   assert [r["step"] for r in read_metrics(wd)][-2:] == [5, 6]
   assert sorted(os.listdir(best_dir)) == ["6"]  # 0.55 at step 5 < 0.6; 0.7 at step 6

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 (fake) d
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-  """Base-policy cache directory of the tiny config (filled by its first run)."""
-  return str(tmp_path_factory.mktemp("base"))
+def cache(base_policy_cache):
+  """The session's base-policy cache (the tiny config's entry filled by its first run)."""
+  return base_policy_cache
 
 
 @pytest.fixture(scope="module")

@@ -38,8 +38,8 @@ def apply_overrides(c, overrides):
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-  return tmp_path_factory.mktemp("base_policies")
+def cache_dir(base_policy_cache):
+  return base_policy_cache
 
 
 def _strip(records):

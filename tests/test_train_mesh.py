@@ -39,9 +39,9 @@ def small_config(workdir, cache_dir, mesh, **overrides):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, base_policy_cache):
   """Metrics and the saved (final) train state/buffer of the same run on three meshes."""
-  cache = tmp_path_factory.mktemp("base")
+  cache = base_policy_cache
   out = {}
   for mesh in ((1, 1, 1), (-1, 1, 1), (2, 2, 2)):
     saved = {}

@@ -9,11 +9,13 @@ everything that determines it, and reused by later runs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
 
+import filelock
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -174,6 +176,30 @@ def load_or_train_base_policy(model: ModelSpec, ws: WarmstartSpec, io, task, *, 
   if shardings is not None:
     abstract = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
                             abstract, shardings)
+  with _entry_lock(path):
+    return _load_or_train(path, graphdef, abstract, shardings, model, ws, io, task, seed=seed,
+                          max_new_tokens=max_new_tokens, log=log)
+
+
+@contextlib.contextmanager
+def _entry_lock(path: str):
+  """Holds an exclusive lock on cache entry ``path`` (a local directory) while it is read or
+  written, so that independent jobs on one host sharing ``warmstart.cache_dir`` (parallel test
+  workers, sweep runs started side by side) train each base policy once: the first writes it,
+  the others wait and then load it. Remote entries and multi-process jobs take no lock: a
+  job's processes train alike and synchronise with a barrier, and a lock held by one of them
+  would keep the others from that barrier."""
+  if storage.is_remote(path) or jax.process_count() > 1:
+    yield
+    return
+  os.makedirs(path, exist_ok=True)
+  with filelock.FileLock(os.path.join(path, ".lock")):
+    yield
+
+
+def _load_or_train(path, graphdef, abstract, shardings, model, ws, io, task, *, seed, max_new_tokens,
+                   log):
+  """``load_or_train_base_policy``'s body, run under the entry's lock."""
   ckptr = ocp.StandardCheckpointer()
   # info.json is written last (atomically): it marks a complete cache entry; params without
   # it are the leftover of a process killed mid-write and are trained and written again.
