@@ -6,7 +6,8 @@
 # versions cannot import jaxreplay (make them here first, ignored by git:
 # pip download --no-deps -d .gpu/wheels flax==0.12.8 optax==0.2.8 chex==0.1.92), and pass
 # carry=[".gpu"] to the device tool. The image's JAX (0.11.2 when measured) is newer than
-# pyproject's CPU pin. Writes its logs to ${OUT:-/tmp}.
+# pyproject's CPU pin. Writes its logs to ${OUT:-/tmp}. bench/gpu_session.sh runs these, trimmed,
+# after the main job end to end and a paged-attention probe, in about 7 minutes.
 set -uo pipefail
 OUT=${OUT:-/tmp}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 HF_HUB_OFFLINE=1
