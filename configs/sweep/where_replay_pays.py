@@ -32,7 +32,9 @@ Per regime, at one generation budget (STEPS·B = 15,360 rollouts: on-policy's 24
   auto           the self-tuning buffer: starts at (x, y) = (4, 2), re-estimates α, ρ on
                  the buffer every 25 learner steps (128 items, 32 projections: at 256 and
                  128 one estimate took 16–25 s, as long as 20 learner steps), μ from
-                 the ledger (seconds), and sets R in [B/4, B] and the age cut-off x in
+                 FLOPs (``auto_replay.mu_source``; the archived runs steered by μ from
+                 wall time, before the controller stopped reading timers), and sets
+                 R in [B/4, B] and the age cut-off x in
                  [1, 8] steps inside a fixed capacity of 8B; it stops when its generation
                  budget is spent (``train.max_generated_rollouts``).
 Evaluations fall every EVAL_EVERY·B generated rollouts for the fixed configurations (every
@@ -122,16 +124,5 @@ def get_config():
       results_md="docs/results.md",
       target_last=3,   # a run's final accuracy: the mean of its last 3 evaluations
       x_bounds=(1.0, 8.0), y_bounds=(1.0, 4.0),
-      # measured by bench/staleness_bias.py (docs/replay-study.md#why-the-self-tuning-buffer-misses)
-      why=("the controller follows the theory at its estimates, and the estimates do not "
-           "describe what decides these runs. An item's gradient noise falls with its age "
-           "from age 1 on (α < 0 in every regime), which the controller, clipping α to 0, "
-           "reads as free staleness; the bias the optimal design drops (Thm 4.4) is "
-           "noise-dominated at this size. What decides them is how many learner steps still "
-           "help: at lr5e-5 a buffer's accuracy per learner step matches on-policy's, at "
-           "lr2e-4 it is lower and on-policy itself stops improving after step 240. At lr1e-4 "
-           "the best fixed buffer's 34 [28, 73]% is noisier than the 110% window: one "
-           "evaluation jitters by 0.017, on-policy gains 0.022 over its second half. "
-           "[Measurements](replay-study.md#why-the-self-tuning-buffer-misses)."),
   ))
   return c
