@@ -152,6 +152,45 @@ def build(cfg, log=print):
   return build_lib.build(config_lib.validate(cfg), log)
 
 
+def apply_overrides(c, overrides):
+  """Sets each ``"section.field": value`` of ``overrides`` on config ``c``; returns ``c``."""
+  for k, v in overrides.items():
+    node = c
+    *path, last = k.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = v
+  return c
+
+
+def tiny_run_config(workdir, cache_dir, **overrides):
+  """configs/small.py shrunk to seconds: a 1-layer d=32 decoder warm-started for 20 steps,
+  R = 16 rollouts per step (groups of 4), B = 32 from a buffer of 64, 6 steps with an
+  evaluation (8 × 2), a checkpoint and a drift sample every 3.
+
+  The end-to-end tests that need a run but not a learning policy share these shapes
+  (``overrides`` that keep them: steps, modes, mesh, what is evaluated when), so that JAX's
+  persistent compilation cache serves one file's programs to the next."""
+  from jaxreplay.config import load_config
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  c = load_config(os.path.join(root, "configs", "small.py"))
+  c.workdir = str(workdir)
+  c.warmstart.cache_dir = str(cache_dir)
+  c.log.progress = False
+  c.log.tensorboard = False
+  c.warmstart.steps = 20
+  c.task.train_size, c.task.heldout_size = 400, 64
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
+  c.rollout.update(per_step=16, group_size=4)
+  c.buffer.capacity = 64
+  c.train.update(steps=6, batch_size=32)
+  c.algo.warmup_steps = 1
+  c.eval.update(every=3, num_examples=8, samples_per_example=2)
+  c.checkpoint.every = 3
+  c.drift.update(every=3, num_samples=32)
+  return apply_overrides(c, overrides)
+
+
 def run_processes(script: str, args: list, n: int = 2, devices: int = 2, env: dict | None = None,
                   timeout_s: float = 600) -> list[str]:
   """Runs ``tests/SCRIPT PROCESS_ID N PORT *ARGS`` as ``n`` local JAX processes (``devices``

@@ -13,25 +13,15 @@ from jaxreplay.train import generation as generation_lib
 from jaxreplay.train import metrics as metrics_lib
 from conftest import run
 from jaxreplay.train.metrics import read_metrics
-from test_train_e2e import _strip, apply_overrides, small_config  # noqa: E402
+from conftest import tiny_run_config
+from test_train_e2e import _strip  # noqa: E402
 
 B, R, C = 32, 16, 64
 
 
 def tiny_config(workdir, cache_dir, **overrides):
-  """configs/small.py shrunk to a 1-layer model and 6 steps (``test_train_e2e.small_config``)."""
-  c = small_config(workdir, cache_dir)
-  c.warmstart.steps = 20
-  c.task.train_size, c.task.heldout_size = 400, 64
-  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
-  c.rollout.update(per_step=R, group_size=4)
-  c.buffer.capacity = C
-  c.train.update(steps=6, batch_size=B)
-  c.algo.warmup_steps = 1
-  c.eval.update(every=3, num_examples=8, samples_per_example=2)
-  c.checkpoint.every = 3
-  c.drift.update(every=3, num_samples=32)
-  return apply_overrides(c, overrides)
+  """``conftest.tiny_run_config``: configs/small.py shrunk to a 1-layer model and 6 steps."""
+  return tiny_run_config(workdir, cache_dir, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -243,30 +233,32 @@ def test_positive_bias_and_async_age_cutoffs_that_starve_the_batch_are_rejected(
                                               "buffer.max_staleness": 4}))
 
 
-def test_a_stalled_async_run_stops_with_one_line(tmp_path):
+def test_a_stalled_async_run_stops_with_one_line(cache_dir, tmp_path):
   """No batch within train.async_timeout_s: the command ends with one ``jaxreplay:`` line
   naming the counters and what to check, not a traceback (the last checkpoint stays).
 
   The stall does not depend on the machine's speed: a batch needs two rounds (B = 2R),
   and the learner gives up at its first look, or at the latest when the first round
-  arrives and wakes it, long past 1 µs."""
+  arrives and wakes it, long past 1 µs. The command runs ``tiny_config``'s shapes on this
+  process's devices, with its base policy: the session's caches serve its compiles."""
   import os
   import subprocess
   import sys
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  args = ["task.train_size=200", "task.heldout_size=40", "model.d_model=32", "model.n_layers=1",
-          "model.n_heads=2", "model.n_kv_heads=1", "model.head_dim=16", "model.d_ff=64",
-          "warmstart.steps=2", "warmstart.batch_size=16", "rollout.per_step=16",
-          "rollout.group_size=4", "train.batch_size=32", "buffer.capacity=64",
-          "algo.warmup_steps=1", "train.steps=3", "train.mode=async",
-          "train.async_timeout_s=1e-6", "eval.num_examples=4", "eval.samples_per_example=1",
-          "log.progress=False", "log.tensorboard=False", f"workdir={tmp_path / 'run'}",
-          f"warmstart.cache_dir={tmp_path / 'cache'}"]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  c = tiny_config(tmp_path / "run", cache_dir, **{"train.mode": "async", "train.steps": 3,
+                                                   "train.async_timeout_s": 1e-6})
+  args = [f"{sec}.{k}={c[sec][k]}" for sec, keys in (
+      ("task", ("train_size", "heldout_size")),
+      ("model", ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff")),
+      ("warmstart", ("steps", "cache_dir")), ("rollout", ("per_step", "group_size")),
+      ("train", ("batch_size", "steps", "mode", "async_timeout_s")), ("buffer", ("capacity",)),
+      ("algo", ("warmup_steps",)), ("eval", ("every", "num_examples", "samples_per_example")),
+      ("checkpoint", ("every",)), ("drift", ("every", "num_samples")),
+      ("log", ("progress", "tensorboard"))) for k in keys] + [f"workdir={c.workdir}"]
   out = subprocess.run([sys.executable, "-m", "jaxreplay.main", "--config",
                         os.path.join(root, "configs", "small.py"),
                         *[f"--config.{a}" for a in args]],
-                       capture_output=True, text=True, timeout=300, cwd=root, env=env)
+                       capture_output=True, text=True, timeout=300, cwd=root)
   assert out.returncode == 1, out.stderr[-2000:]
   assert "Traceback" not in out.stderr, out.stderr[-2000:]
   last = out.stderr.strip().splitlines()[-1]
