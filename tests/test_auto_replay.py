@@ -82,6 +82,7 @@ def _meta(workdir):
   return ckpt_lib.read_meta(ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"), 2))
 
 
+@pytest.mark.slow
 def test_controller_sets_r_and_cutoff_and_resumes_exactly(tmp_path, fixed_estimates,
                                                           monkeypatch, base_policy_cache):
   cache, wd = base_policy_cache, tmp_path / "run"
@@ -132,6 +133,7 @@ def test_controller_sets_r_and_cutoff_and_resumes_exactly(tmp_path, fixed_estima
   assert final.num_estimates == 3 and final.last_step == 6 and final.log == state.log
 
 
+@pytest.mark.slow
 def test_generation_budget_ends_the_run_and_a_resume_keeps_it(tmp_path, fixed_estimates,
                                                                base_policy_cache):
   """``train.max_generated_rollouts``: the run ends after the step whose generation spends

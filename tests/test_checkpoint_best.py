@@ -7,6 +7,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxreplay.config import load_config
 from jaxreplay.train import checkpoint as ckpt
@@ -64,6 +65,7 @@ def tiny_config(workdir, cache_dir, **overrides):
   return c
 
 
+@pytest.mark.slow
 def test_trainer_keeps_best_and_resumes_from_latest(tmp_path, monkeypatch, base_policy_cache):
   # Held-out accuracies are scripted (the real evaluation runs; acc_sampled is replaced)
   # so that the best step is not the last one. Call 0 is the evaluation before RL.

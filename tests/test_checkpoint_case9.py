@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from jaxreplay import replay
 from jaxreplay.train import checkpoint as ckpt
@@ -65,6 +66,7 @@ RESTORE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_case9_restore_in_a_fresh_process(tmp_path):
   state = build_state()
   assert np.asarray(state["rng"]).tolist() == [0, 42]

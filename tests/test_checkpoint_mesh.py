@@ -101,6 +101,7 @@ def _restore_in_subprocess(d, n, meshes):
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
 def test_checkpoint_from_8_devices_restores_on_4_and_1(tmp_path):
   mesh8 = make_mesh(8, 1, 1)

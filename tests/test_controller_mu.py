@@ -72,6 +72,7 @@ def fixed_estimates(monkeypatch):
   monkeypatch.setattr(self_tuning, "estimate", estimate)
 
 
+@pytest.mark.slow
 def test_same_decisions_on_a_loaded_machine_and_a_configured_mu_steers(tmp_path, monkeypatch,
                                                                        fixed_estimates):
   cache = tmp_path / "cache"

@@ -235,6 +235,7 @@ def test_packed_gradient_equals_full_width_for_every_loss(setup, logp_atol):
          logprob_chunk=3),
     dict(loss="decoupled", kl_coef=0.05, kl_mode="loss", update_epochs=2, grad_accum_steps=2),
 ], ids=["gae_kl_minibatches_accum_chunk", "decoupled_prox_ref"])
+@pytest.mark.slow
 def test_packed_train_step_equals_full_width(setup, logp_atol, algo):
   graphdef, params, batch = setup
   algo = dict(algo, warmup_steps=0, lr_schedule="constant", lr=1e-2, staleness_buckets=(0,))
@@ -276,6 +277,7 @@ def test_pack_sequences_must_be_a_bool():
     AlgoSpec.from_config({"pack_sequences": 1})
 
 
+@pytest.mark.slow
 def test_packed_rows_split_over_the_batch_devices():
   """With the plan's rows placed over data × fsdp (``sharding.place_rows``, rows a multiple
   of the devices), each of 8 devices holds about an eighth of the packed step's

@@ -37,6 +37,7 @@ def tiny_config():
   return c
 
 
+@pytest.mark.slow
 def test_plan_of_a_tiny_config_on_eight_devices():
   mp = _module()
   cfg = tiny_config()
@@ -73,6 +74,7 @@ def test_unknown_chip_and_architecture_fail_clearly():
   assert mp.model_config(cfg, "configs/qwen2_5_7b_v5p.py").n_layers == 28
 
 
+@pytest.mark.slow
 def test_plan_of_the_actor_learner_split_reports_both_sub_meshes():
   """mesh.generator_devices W = 4 of 8: the learner programs (the weight sync's gather in
   place of the sampler) on the learner mesh over T = 4 devices, the sampler on the generator

@@ -157,6 +157,7 @@ def our_tok(gfile):
 # ---------------------------------------------------------------- loader
 
 @needs_file
+@pytest.mark.slow
 def test_config_matches_transformers(ours, hf_model):
   cfg, hc = ours[0], hf_model.config
   assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, cfg.vocab_size) == (
@@ -170,6 +171,7 @@ def test_config_matches_transformers(ours, hf_model):
 
 
 @needs_file
+@pytest.mark.slow
 def test_tensor_names_shapes_and_values_match_transformers(gfile, ours, hf_model):
   cfg, tensors, _, params = ours
   sd = {k: v.detach().numpy() for k, v in hf_model.state_dict().items()}
@@ -191,6 +193,7 @@ def test_tensor_names_shapes_and_values_match_transformers(gfile, ours, hf_model
 
 
 @needs_file
+@pytest.mark.slow
 def test_unexpected_and_missing_tensors_are_named(ours):
   cfg, tensors = ours[:2]
   bad = dict(tensors)
@@ -304,6 +307,7 @@ def _compare(logits, chat_batch, hf_logits, label):
 
 
 @needs_file
+@pytest.mark.slow
 def test_logits_match_transformers(ours, chat_batch, hf_logits):
   _, _, graphdef, params = ours
   tokens, mask = chat_batch
@@ -314,6 +318,7 @@ def test_logits_match_transformers(ours, chat_batch, hf_logits):
 
 
 @needs_file
+@pytest.mark.slow
 def test_scanned_layout_on_mesh_gives_the_same_logits(ours, chat_batch, hf_logits):
   import dataclasses
 

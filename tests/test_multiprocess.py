@@ -74,6 +74,7 @@ def runs(tmp_path_factory, cache):
   return (ref_dir, ref_params), (two_dir, two_params, reports)
 
 
+@pytest.mark.slow
 def test_two_processes_form_one_mesh_and_restore(runs):
   _, (_, _, reports) = runs
   for r in reports:
@@ -81,6 +82,7 @@ def test_two_processes_form_one_mesh_and_restore(runs):
     assert any("resumed from" in m and "at step 2" in m for m in r["logs"]), r["logs"]
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_same_parameters_as_one(runs):
   (_, ref), (_, two, _) = runs
   assert sorted(ref) == sorted(two) and len(ref) > 5
@@ -93,6 +95,7 @@ def test_two_processes_train_the_same_parameters_as_one(runs):
   assert worst <= 1e-6
 
 
+@pytest.mark.slow
 def test_metrics_agree_and_only_process_0_wrote_run_files(runs):
   (ref_dir, _), (two_dir, _, reports) = runs
   wrote0, wrote1 = reports[0]["wrote"], reports[1]["wrote"]
@@ -114,6 +117,7 @@ def test_metrics_agree_and_only_process_0_wrote_run_files(runs):
         np.testing.assert_allclose(b[k], a[k], rtol=1e-5, err_msg=k)
 
 
+@pytest.mark.slow
 def test_state_ring_and_reference_share_the_parameter_layout(runs, cache, tmp_path):
   """build() on a (2, 2, 2) mesh: the train state (optimizer moments included), the KL
   reference and simulated_async's parameter ring are created in the parameters' own

@@ -140,6 +140,7 @@ def tiny():
   return graphdef, params, items, ages, loss_vec, jvp
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_projected_grads_are_the_projection_of_exact_per_sample_grads_and_estimates_agree(tiny):
   graphdef, params, items, ages, loss_vec, jvp = tiny
@@ -179,6 +180,7 @@ def test_projected_grads_are_the_projection_of_exact_per_sample_grads_and_estima
   assert abs(float(e_proj.rho) - float(e_exact.rho)) < 0.5 * float(e_exact.rho_se)
 
 
+@pytest.mark.slow
 def test_noise_fn_on_a_buffer_scores_the_buffer_items(tiny):
   graphdef, params, items, ages, _, jvp = tiny
   n, edges = ages.shape[0], (0, 1, 2, 3, 4, 5)
@@ -282,6 +284,7 @@ def test_auto_replay_spec_validates():
   assert set(attribute_docs(auto.AutoReplaySpec)) == {f for f in auto.AutoReplaySpec().to_dict()}
 
 
+@pytest.mark.slow
 def test_bias_profile_recovers_a_known_bias_slope_and_the_fresh_gradient():
   # g_i = ∇F + s_i·d + noise: ‖∇F‖² = 4, ‖d‖ = 0.5 per step of age, per-item noise
   # variance 0.25 × 64 = 16; the bias of age s is ‖s·d‖² = 0.25 s² (Thm 4.4's κ-term, linear)

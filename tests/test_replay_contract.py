@@ -164,6 +164,7 @@ def _drawable(ref, cfg, version):
   return eligible, int(eligible.sum())
 
 
+@pytest.mark.slow
 def test_can_sample_is_false_exactly_when_a_draw_needs_duplicates():
   """For every sampler, eviction rule and valid B, on states from a fixed sequence of adds
   (with version lags), draws (evicting by use count) and version ticks: ``can_sample``

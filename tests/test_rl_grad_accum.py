@@ -91,6 +91,7 @@ def test_micro_batches_are_strided_and_merge_back():
     train_step.micro_batches(x, 4)
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_accumulated_gradient_is_the_whole_batch_gradient_in_every_mode(setup, grads_by_mode,
                                                                        logp_atol):

@@ -218,6 +218,7 @@ def test_loss_metric_is_the_whole_batch_loss_over_minibatches(model_and_batch, l
   assert float(got[2]["tokens"]) == float(got[1]["tokens"]) == 7.0
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_per_token_metrics_are_the_whole_batch_statistic_over_minibatches(model_and_batch,
                                                                           logp_atol):

@@ -298,6 +298,7 @@ def full_softmax_step(policy):
 
 
 # the numerics tier takes the case with both truncations: the others compile the same comparison
+@pytest.mark.slow
 @pytest.mark.parametrize("top_k,top_p", [(12, 1.0), (0, 0.8),
                                          pytest.param(12, 0.8, marks=pytest.mark.numerics)])
 def test_train_step_ratio_is_one_under_truncation(policy, full_softmax_step, logp_atol, top_k,

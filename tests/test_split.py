@@ -76,6 +76,7 @@ def test_inflight_swap_records_the_version_of_every_token():
   assert np.abs(gen.logprobs[:, 8:] - lp_old[:, 8:]).max() > 0.1
 
 
+@pytest.mark.slow
 def test_generator_layout_has_no_parameter_collectives_in_decode():
   cfg = TransformerConfig(vocab_size=96, d_model=48, n_layers=2, n_heads=4, n_kv_heads=2,
                           head_dim=12, d_ff=80)
@@ -175,6 +176,7 @@ def split_run(tmp_path_factory, base_policy_cache):
               summary=summary, graphdef=graphdefs[0])
 
 
+@pytest.mark.slow
 def test_split_run_behaviour_logprobs_match_the_recorded_versions(split_run):
   made, published, graphdef = split_run["made"], split_run["published"], split_run["graphdef"]
   assert made, "no round was generated"
@@ -196,6 +198,7 @@ def test_split_run_behaviour_logprobs_match_the_recorded_versions(split_run):
   assert checked == sum(int(r.completion_mask.sum()) for r, _ in made)
 
 
+@pytest.mark.slow
 def test_split_run_respects_staleness_and_counts(split_run):
   recs = [r for r in read_metrics(split_run["workdir"]) if "staleness_max" in r]
   assert len(recs) == 4
@@ -220,6 +223,7 @@ def test_split_run_respects_staleness_and_counts(split_run):
   assert 0.0 <= s["both_busy_s"] <= s["wall_seconds"]
 
 
+@pytest.mark.slow
 def test_split_run_resumes_the_learner_side_exactly(split_run):
   saved = split_run["saved"]
   assert 4 in saved
@@ -231,6 +235,7 @@ def test_split_run_resumes_the_learner_side_exactly(split_run):
   assert carry.position > 0 and int(carry.limiter_state.inserted) > 0
 
 
+@pytest.mark.slow
 def test_two_processes_split_generator_and_learner(split_run, tmp_path):
   """2 processes × 2 fake devices, W = 2, T = 2 (one of each per process): the same checks
   as the one-process run, and an exact restore of the learner side (tests/split_worker.py)."""

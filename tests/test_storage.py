@@ -155,6 +155,7 @@ def disk_bucket(monkeypatch, tmp_path):
   return root
 
 
+@pytest.mark.slow
 def test_a_run_its_resume_and_the_report_with_every_path_in_a_bucket(disk_bucket):
   from conftest import run
   from jaxreplay import report

@@ -55,6 +55,7 @@ def rl_run(tmp_path_factory, cache_dir):
   return wd, summary
 
 
+@pytest.mark.slow
 def test_rl_improves_the_policy(rl_run):
   wd, s = rl_run
   recs = read_metrics(wd)
@@ -75,6 +76,7 @@ def test_rl_improves_the_policy(rl_run):
   assert os.path.isdir(os.path.join(wd, "checkpoints", str(s["steps"])))
 
 
+@pytest.mark.slow
 def test_restore_loads_the_last_checkpoint_without_training(rl_run, cache_dir):
   wd, s = rl_run
   metrics = read_records(wd)
@@ -85,6 +87,7 @@ def test_restore_loads_the_last_checkpoint_without_training(rl_run, cache_dir):
   assert read_records(wd) == metrics  # nothing written
 
 
+@pytest.mark.slow
 def test_base_policy_is_cached_and_reused(rl_run, cache_dir, tmp_path):
   _, s = rl_run
   logs = []
@@ -93,6 +96,7 @@ def test_base_policy_is_cached_and_reused(rl_run, cache_dir, tmp_path):
   assert s["base_policy"].startswith(str(cache_dir))
 
 
+@pytest.mark.slow
 def test_same_seed_same_metrics_and_exact_resume(cache_dir, tmp_path):
   """Same config + seed gives identical metrics: a run stopped after n steps and resumed
   to 2n equals the straight 2n run, every metric but wall times (which needs both the

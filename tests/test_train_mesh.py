@@ -61,6 +61,7 @@ def runs(tmp_path_factory, base_policy_cache):
   return out
 
 
+@pytest.mark.slow
 def test_layout_is_kept_through_the_loop(runs):
   _, tree8 = runs[(-1, 1, 1)]
   buf = tree8["buffer"]
@@ -92,6 +93,7 @@ KEYS = EXACT + ("loss", "grad_norm")
 RTOL, ATOL = 2e-5, 2e-6
 
 
+@pytest.mark.slow
 def test_one_device_and_eight_devices_match(runs):
   m1, t1 = runs[(1, 1, 1)]
   for mesh in ((-1, 1, 1), (2, 2, 2)):

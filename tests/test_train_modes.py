@@ -57,6 +57,7 @@ def test_mode_and_rate_limiter_validation(tmp_path):
     validate(tiny_config(tmp_path, tmp_path, **{"drift.every": -1}))
 
 
+@pytest.mark.slow
 def test_simulated_async_lag_and_exact_resume(cache_dir, tmp_path):
   """Rollouts of step t come from version max(t − lag, 0); n + resume + n == 2n."""
   kw = {"train.mode": "simulated_async", "train.lag": 2}
@@ -100,6 +101,7 @@ def _generator_threads():
   return [t for t in threading.enumerate() if t.name == "jaxreplay-generator" and t.is_alive()]
 
 
+@pytest.mark.slow
 def test_async_staleness_replay_ratio_and_clean_shutdown(cache_dir, tmp_path):
   c = tiny_config(tmp_path / "x", cache_dir, **{"train.mode": "async", "train.steps": 8,
                                                  "eval.every": 0, "checkpoint.every": 4})
@@ -124,6 +126,7 @@ def test_async_staleness_replay_ratio_and_clean_shutdown(cache_dir, tmp_path):
   assert s["mode"] == "async" and s["learner_wait_s"] >= 0
 
 
+@pytest.mark.slow
 def test_async_generator_failure_is_raised_and_the_thread_joined(cache_dir, tmp_path,
                                                                  monkeypatch):
   real, calls = generation_lib.generate_rollouts, []
@@ -142,6 +145,7 @@ def test_async_generator_failure_is_raised_and_the_thread_joined(cache_dir, tmp_
   assert not _generator_threads()
 
 
+@pytest.mark.slow
 def test_async_learner_failure_stops_the_generator(cache_dir, tmp_path, monkeypatch):
   real = metrics_lib.MetricWriter.write
 
@@ -169,6 +173,7 @@ def _buffer_after(workdir, cache_dir, **kw):
     job.writer.close()
 
 
+@pytest.mark.slow
 def test_first_batch_waits_for_b_items_and_every_use_is_counted(cache_dir, tmp_path):
   """B = 2R: step 0 generates two rounds before its first draw (Reverb's min size), so
   the no-duplicate batch holds B distinct items and the use counts add up exactly:
@@ -184,6 +189,7 @@ def test_first_batch_waits_for_b_items_and_every_use_is_counted(cache_dir, tmp_p
   assert int(buf.size) == C and used.sum() == 3 * B and used.max() <= 3
 
 
+@pytest.mark.slow
 def test_a_batch_with_empty_slots_stops_the_run(cache_dir, tmp_path, monkeypatch):
   """Were the sampler called without B items (the fill rule bypassed), the step's
   no-duplicate batch of 32 would repeat 16 of the 16 items: the run stops with an error
@@ -233,6 +239,7 @@ def test_positive_bias_and_async_age_cutoffs_that_starve_the_batch_are_rejected(
                                               "buffer.max_staleness": 4}))
 
 
+@pytest.mark.slow
 def test_a_stalled_async_run_stops_with_one_line(cache_dir, tmp_path):
   """No batch within train.async_timeout_s: the command ends with one ``jaxreplay:`` line
   naming the counters and what to check, not a traceback (the last checkpoint stays).

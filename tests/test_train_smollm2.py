@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(
            ".ci/run installs it)")
 
 
+@pytest.mark.slow
 def test_two_learner_steps_of_the_preset(tmp_path):
   from jaxreplay.train.metrics import read_metrics
   c = config_lib.load_config(os.path.join(ROOT, "configs", "smollm2_135m.py"))
