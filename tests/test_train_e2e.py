@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxreplay.config import ConfigError, load_config
-from conftest import restore, run
+from conftest import apply_overrides, restore, run
 from jaxreplay.train.metrics import read_metrics, read_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,17 +24,6 @@ def small_config(workdir, cache_dir, **overrides):
   c.log.progress = False
   c.log.tensorboard = False
   return apply_overrides(c, overrides)
-
-
-def apply_overrides(c, overrides):
-  """Sets each ``"section.field": value`` of ``overrides`` on config ``c``; returns ``c``."""
-  for k, v in overrides.items():
-    node = c
-    *path, last = k.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = v
-  return c
 
 
 @pytest.fixture(scope="module")
