@@ -10,8 +10,8 @@ fixed buffers and the self-tuning buffer (``auto_replay``) at equal generation b
 
 Task and model: the embedded default (``configs/default.py``, reasoning-gym chain_sum, the
 4-layer × 128 decoder warm-started on noisy labels), B = 64, G = 8, constant learning
-rate after 10 warm-up steps, 3 seeds — as ``configs/sweep/replay_vs_onpolicy.py``. All
-regimes share each seed's warm-started policy (the regimes differ in ``algo.lr`` only,
+rate after 10 warm-up steps, 6 seeds (0–2 first, 3–5 with the y*(μ) test) — as
+``configs/sweep/replay_vs_onpolicy.py``. All regimes share each seed's warm-started policy (the regimes differ in ``algo.lr`` only,
 which is not part of the base policy's cache key).
 
 Regimes, chosen because the learning rate sets how much an item's age costs per step
@@ -37,13 +37,28 @@ Per regime, at one generation budget (STEPS·B = 15,360 rollouts: on-policy's 24
                  R in [B/4, B] and the age cut-off x in
                  [1, 8] steps inside a fixed capacity of 8B; it stops when its generation
                  budget is spent (``train.max_generated_rollouts``).
+  y grid         (lr5e-5 and lr1e-4 only) FIFO buffers at y = 1, 2, 4 with x = 8, and (2, 2):
+                 the pre-registered test of the theory's y*(μ) below.
 Evaluations fall every EVAL_EVERY·B generated rollouts for the fixed configurations (every
 EVAL_EVERY·y learner steps), every 40 learner steps for ``auto``.
+
+Pre-registered test of the theory's y*(μ) (written 2026-12-04, before any run of the y grid;
+``Y_STAR_TEST``): re-score every on-policy and fixed run on the theory's compute axis
+C = K_train + μ·K_inf ((B + μR)·T) at μ ∈ MUS and, per μ, find the best y (highest mean AUC
+over log C up to on-policy's C) and the y's not shown worse (one-sided paired t, 5%/(n − 1)).
+The prediction is the theory's y*(μ) (``theory.power_law_design_bounded``, x ≤ 8, y ≤ 4) at
+the constants the archived self-tuning runs measured (median over seeds 0–2: lr5e-5 α = −0.53
+→ 0, ρ = 0.17; lr1e-4 α = −0.44 → 0, ρ = 0.90), rounded to the nearest y of {1, 2, 4} on a
+log scale: lr5e-5 (1.85, 2.62, 4.00, 4.00) → (2, 2, 4, 4); lr1e-4, the control, where
+reused samples are strongly correlated (1.00, 1.40, 2.27, 3.12) → (1, 1, 2, 4). It agrees at
+a μ when the predicted y is among the y's not shown worse while the runs exclude some y; and
+the theory says the best y does not fall as μ grows. lr2e-4 is not part of the test.
 
 Phases (the sweep runs seeds outermost; ``--only`` picks a phase):
   1. ``--only '_(onpolicy|auto)/'``: on-policy and self-tuning, every regime and seed;
   2. FIXED from phase 1's estimates (``python -m jaxreplay.sweep --report-only`` prints the
-     theory's (x*, y*) per regime), then the rest of the grid.
+     theory's (x*, y*) per regime), then the rest of the grid;
+  3. ``--only '^lr5e-5_'``, then ``--only '^lr1e-4_'``: the y grid and seeds 3–5.
 """
 
 from ml_collections import config_dict
@@ -62,6 +77,16 @@ FIXED = {
     "lr1e-4": ((8, 2), (4, 2)),
     "lr5e-5": ((8, 4), (4, 2)),
     "lr2e-4": ((8, 4), (4, 2)),
+}
+
+
+# The y grid of the pre-registered y*(μ) test: (x, y) at x = 8 and (2, 2), beside the regime's
+# on-policy run (y = 1) and FIXED; MUS and the predicted nearest y per μ (docstring above).
+Y_GRID = ((8, 1), (8, 2), (8, 4), (2, 2))
+MUS = (1.0, 2.0, 5.3, 10.0)
+Y_STAR_TEST = {
+    "lr5e-5": {"predicted": (2, 2, 4, 4)},
+    "lr1e-4": {"predicted": (1, 1, 2, 4)},   # the control regime
 }
 
 
@@ -91,7 +116,7 @@ def get_config():
   c = config_dict.ConfigDict()
   c.base_config = "configs/default.py"
   c.workdir = "runs/sweep/where_replay_pays"
-  c.seeds = (0, 1, 2)
+  c.seeds = (0, 1, 2, 3, 4, 5)
   c.base_overrides = config_dict.ConfigDict({
       "train.batch_size": B,
       "rollout.group_size": G,
@@ -114,9 +139,13 @@ def get_config():
              role="fixed", overrides={**fifo(xa, ya), **lr_o}),
         dict(name=f"{regime}_fixed_x{xb}_y{yb}", family="fixed B", regime=regime,
              role="fixed", overrides={**fifo(xb, yb), **lr_o}),
-        dict(name=f"{regime}_auto", family="self-tuning", regime=regime, role="auto",
-             overrides={**auto(), **lr_o}),
     ]
+    if regime in Y_STAR_TEST:
+      configs += [dict(name=f"{regime}_fixed_x{x}_y{y}", family="y grid", regime=regime,
+                       role="fixed", overrides={**fifo(x, y), **lr_o})
+                  for x, y in Y_GRID if (x, y) not in FIXED[regime]]
+    configs.append(dict(name=f"{regime}_auto", family="self-tuning", regime=regime,
+                        role="auto", overrides={**auto(), **lr_o}))
   c.configurations = configs
   c.report = config_dict.ConfigDict(dict(
       kind="regime_map",
@@ -124,5 +153,7 @@ def get_config():
       results_md="docs/results.md",
       target_last=3,   # a run's final accuracy: the mean of its last 3 evaluations
       x_bounds=(1.0, 8.0), y_bounds=(1.0, 4.0),
+      y_star_mus=MUS,
+      y_star_test={k: {"predicted": v["predicted"]} for k, v in Y_STAR_TEST.items()},
   ))
   return c
