@@ -90,7 +90,8 @@ class Regime:
   """
 
   def __init__(self, name: str, configs: list[dict], runs: dict, x_bounds, y_bounds,
-               mus: Sequence[float] = evidence.MUS, seed: int = 0):
+               mus: Sequence[float] = evidence.MUS, seed: int = 0,
+               predicted: Sequence[float] | None = None):
     self.name, self.configs = name, configs
     self.by_role = {r: [c["name"] for c in configs if c.get("role") == r] for r in ROLES}
     self.reference = self.by_role["onpolicy"][0] if self.by_role["onpolicy"] else None
@@ -109,7 +110,7 @@ class Regime:
       y_of = {n: self.xy(n)[1] for n in self.runs if self.runs[n]}
       self.checks = evidence.y_star_checks(self.runs, roles, self.reference, y_of,
                                            self.median["alpha"], self.median["rho"],
-                                           x_bounds, y_bounds, mus)
+                                           x_bounds, y_bounds, mus, predicted)
 
   def xy(self, name: str) -> tuple[float, float]:
     """Nominal (x, y) of a configuration from its first run's config.json."""
@@ -174,7 +175,14 @@ def regimes_of(sweep: dict, runs: dict, seed: int = 0) -> list[Regime]:
   xb = tuple(rep.get("x_bounds", (1.0, 64.0)))
   yb = tuple(rep.get("y_bounds", (1.0, 16.0)))
   mus = tuple(float(m) for m in rep.get("y_star_mus", evidence.MUS))
-  return [Regime(k, v, runs, xb, yb, mus, seed) for k, v in order.items()]
+  test = dict(rep.get("y_star_test", {}) or {})
+  unknown = sorted(set(test) - set(order))
+  if unknown:
+    raise ValueError(f"report.y_star_test: regimes {unknown} are not in the sweep (its "
+                     f"regimes: {sorted(order)})")
+  return [Regime(k, v, runs, xb, yb, mus, seed,
+                 tuple(test[k]["predicted"]) if k in test else None)
+          for k, v in order.items()]
 
 
 # --- over all regimes ---------------------------------------------------------------------
@@ -212,11 +220,15 @@ class Study:
     return max(r.fpr_max for r in self.rates if r.used)
 
   def line(self) -> str:
-    """``regimes=N seeds_min=S null_fpr_max=F y_star_checks=K y_star_agree=J``."""
+    """``regimes=N seeds_min=S null_fpr_max=F y_star_checks=K y_star_agree=J``: K, J count
+    the checks registered before the runs (``report.y_star_test``) where the sweep
+    registered any, else every check against the theory at the measured constants."""
     checks = [c for g in self.regimes for c in g.checks]
+    reg = [c for c in checks if c.registered]
+    agree = sum(c.agree_predicted for c in reg) if reg else sum(c.agree for c in checks)
     return (f"regimes={len(self.regimes)} seeds_min={self.n_seeds} "
-            f"null_fpr_max={self.fpr_max:.3f} y_star_checks={len(checks)} "
-            f"y_star_agree={sum(c.agree for c in checks)}")
+            f"null_fpr_max={self.fpr_max:.3f} y_star_checks={len(reg or checks)} "
+            f"y_star_agree={agree}")
 
 
 def study_of(regimes: list[Regime], n_sims: int = 4000, seed: int = 0) -> Study:
@@ -412,10 +424,27 @@ def _y_star_lines(gs: list[Regime]) -> list[str]:
       "changes y as it runs). Best y: the highest mean AUC; y's not shown worse: those whose "
       "AUC is not below the best's by a one-sided paired t test at 5%/(n − 1). Agree: the "
       "theory's y*(μ), at the regime's α and ρ and rounded to the nearest y run, is among "
-      "them while the runs exclude some y (when they exclude none, they cannot tell). These "
-      "μ were chosen after the runs, so the check is not pre-registered.", ""] + \
+      "them while the runs exclude some y (when they exclude none, they cannot tell). "
+      "Registered: the nearest y the sweep file predicted before the runs of its y grid "
+      "(`report.y_star_test`, at the constants measured earlier); now: the theory at the "
+      "constants this page's self-tuning runs measured, found after the runs.", ""] + \
       tables.table(tables.Y_STAR_HEADER, [tables.y_star_row(g.name, c) for g in gs
-                                          for c in g.checks]) + [""]
+                                          for c in g.checks]) + [""] + _rises_lines(gs)
+
+
+def _rises_lines(gs: list[Regime]) -> list[str]:
+  """Per regime with a registered test: the best y per μ and whether it never falls."""
+  out = []
+  for g in gs:
+    if not any(c.registered for c in g.checks):
+      continue
+    seq = ", ".join(f"{tables.fmt(c.best_y, 0)} at μ = {tables.fmt(c.mu, 1)}"
+                    for c in sorted(g.checks, key=lambda c: c.mu))
+    rises = evidence.best_y_rises(g.checks)
+    out.append(f"- {g.name}: best y {seq}: "
+               + ("never falls as μ grows, as the theory says" if rises else
+                  "falls as μ grows somewhere, against the theory") + ".")
+  return out + [""] if out else []
 
 
 def _controller_lines(gs: list[Regime]) -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 from scipy import stats as sps
 
 from jaxreplay import regime_map, report, theory
-from jaxreplay.study import evidence
+from jaxreplay.study import evidence, tables
 from jaxreplay.study.runs import load_runs
 
 BASE = [0.30, 0.36, 0.40, 0.43, 0.45, 0.46, 0.47]  # accuracy every 20 generated tokens
@@ -138,6 +138,39 @@ def test_y_star_checks_on_the_compute_axis(tmp_path):
   # every y run not shown worse: cannot tell, never an agreement
   c = evidence.YStarCheck(1.0, 1.2, 1.0, (1.0, 2.0), "x", 1.0, (1.0, 2.0))
   assert not c.informative and not c.agree
+
+
+def test_registered_y_star_prediction_is_scored_and_counted_in_the_line(tmp_path):
+  """A prediction registered in the sweep file (``report.y_star_test``) is scored against
+  the same checks: a's runs exclude y = 1 (so predicting 2 agrees 4 times of 4), b's exclude
+  y = 2 (predicting 2 never agrees); the study line counts only the registered checks."""
+  s = _sweep(tmp_path)
+  s = {**s, "report": {**s["report"], "y_star_test": {"a": {"predicted": (2, 2, 2, 2)},
+                                                      "b": {"predicted": (2, 2, 2, 2)}}}}
+  runs, _ = load_runs(s, str(tmp_path))
+  a, b = regime_map.regimes_of(s, runs)
+  assert [c.predicted for c in a.checks] == [2.0] * 4
+  assert [c.agree_predicted for c in a.checks] == [True] * 4
+  assert [c.agree_predicted for c in b.checks] == [False] * 4
+  assert evidence.best_y_rises(a.checks) and evidence.best_y_rises(b.checks)
+  study = regime_map.study_of([a, b], n_sims=200)
+  assert study.line().endswith("y_star_checks=8 y_star_agree=4")
+  # only a registered: 4 checks, all agree
+  one = {**s, "report": {**s["report"], "y_star_test": {"a": {"predicted": (2, 2, 2, 2)}}}}
+  a1, b1 = regime_map.regimes_of(one, runs)
+  assert regime_map.study_of([a1, b1], n_sims=200).line().endswith(
+      "y_star_checks=4 y_star_agree=4")
+  row = tables.y_star_row("a", a.checks[0])
+  assert row[2] == "2" and row[7] == "yes"
+  # a falling best y is against the theory; a wrong length or regime is refused
+  c = [evidence.YStarCheck(m, 1.0, 1.0, (1.0, 2.0), "x", y, (y,)) for m, y in ((1, 2.0), (2, 1.0))]
+  assert not evidence.best_y_rises(c)
+  with pytest.raises(ValueError, match="one y per μ"):
+    regime_map.regimes_of({**s, "report": {**s["report"], "y_star_test": {
+        "a": {"predicted": (2, 2)}}}}, runs)
+  with pytest.raises(ValueError, match="regimes \\['zz'\\] are not in the sweep"):
+    regime_map.regimes_of({**s, "report": {**s["report"], "y_star_test": {
+        "zz": {"predicted": (2, 2, 2, 2)}}}}, runs)
 
 
 def test_round_design():

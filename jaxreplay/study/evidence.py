@@ -282,7 +282,8 @@ class YStarCheck:
     the regime's grid y nearest it (log scale). grid: the y's the regime ran (sorted).
     best: the configuration with the highest mean AUC on the compute axis; best_y its y.
     ys: the y's of the configurations not shown worse than ``best`` (paired t, one-sided,
-    5%/(n − 1)), ``best_y`` included.
+    5%/(n − 1)), ``best_y`` included. predicted: the y the sweep file registered for this
+    μ before the runs (``report.y_star_test``; NaN when none).
   """
 
   mu: float
@@ -292,6 +293,7 @@ class YStarCheck:
   best: str
   best_y: float
   ys: tuple
+  predicted: float = float("nan")
 
   @property
   def informative(self) -> bool:
@@ -303,11 +305,29 @@ class YStarCheck:
     """The theory's grid y is among the y's not shown worse, and the runs excluded some."""
     return self.informative and self.theory_grid in self.ys
 
+  @property
+  def registered(self) -> bool:
+    """Whether a prediction was registered for this μ before the runs."""
+    return self.predicted == self.predicted
+
+  @property
+  def agree_predicted(self) -> bool:
+    """The registered y is among the y's not shown worse, and the runs excluded some."""
+    return self.registered and self.informative and self.predicted in self.ys
+
+
+def best_y_rises(checks: Sequence[YStarCheck]) -> bool:
+  """Whether the best y never falls as μ grows (the theory's y*(μ) is non-decreasing,
+  paper App. 9.3.2), over ``checks`` sorted by μ."""
+  ys = [c.best_y for c in sorted(checks, key=lambda c: c.mu)]
+  return all(b >= a for a, b in zip(ys, ys[1:]))
+
 
 def y_star_checks(runs: Mapping[str, list], roles: Mapping[str, str], reference: str,
                   y_of: Mapping[str, float], alpha: float, rho: float,
                   x_bounds: Sequence[float], y_bounds: Sequence[float],
-                  mus: Sequence[float] = MUS) -> list[YStarCheck]:
+                  mus: Sequence[float] = MUS,
+                  predicted: Sequence[float] | None = None) -> list[YStarCheck]:
   """``YStarCheck`` per μ of ``mus`` over on-policy and the fixed buffers (the self-tuning
   buffer changes y as it runs, so it has no one y).
 
@@ -318,18 +338,24 @@ def y_star_checks(runs: Mapping[str, list], roles: Mapping[str, str], reference:
   Args:
     runs, roles, reference: as ``regime_evidence``. y_of: {configuration: y = B/R}.
     alpha, rho: the regime's measured constants. x_bounds, y_bounds: the theory's box.
-    mus: the μ's.
+    mus: the μ's. predicted: the y registered per μ before the runs, or None.
 
   Returns:
     One check per μ ([] with fewer than 2 configurations or 2 seeds).
+
+  Raises:
+    ValueError: ``predicted`` not one y per μ.
   """
+  if predicted is not None and len(predicted) != len(mus):
+    raise ValueError(f"report.y_star_test predicted: one y per μ of {tuple(mus)}, got "
+                     f"{tuple(predicted)}")
   cands = [n for n in runs if runs[n] and roles.get(n) in ("onpolicy", "fixed")]
   seeds = sorted(set.intersection(*(set(by_seed(runs[n])) for n in cands))) if cands else []
   if len(cands) < 2 or len(seeds) < 2:
     return []
   grid = tuple(sorted({float(y_of[n]) for n in cands}))
   out = []
-  for mu in mus:
+  for i, mu in enumerate(mus):
     ref = by_seed(runs[reference])
     budget = {s: float(ref[s].cost_curve(mu)[0][-1]) for s in seeds}
     auc = {n: np.array([float(stats.log_auc(*by_seed(runs[n])[s].cost_curve(mu), budget[s]))
@@ -341,5 +367,6 @@ def y_star_checks(runs: Mapping[str, list], roles: Mapping[str, str], reference:
     ys = tuple(sorted({float(y_of[n]) for n in cands if n not in worse}))
     ty = theory_design(mu, alpha, rho, x_bounds, y_bounds)[1]
     tg = min(grid, key=lambda y: abs(math.log2(y) - math.log2(ty))) if ty == ty else float("nan")
-    out.append(YStarCheck(mu, ty, tg, grid, best, float(y_of[best]), ys))
+    pred = float(predicted[i]) if predicted is not None else float("nan")
+    out.append(YStarCheck(mu, ty, tg, grid, best, float(y_of[best]), ys, pred))
   return out

@@ -340,13 +340,19 @@ RULE_HEADER = ["rule", "fires when", "decides", "false-positive rate (largest ov
                f"power at a {null.SAVING:.0%} token saving", "seeds for 80% power", "kept"]
 
 
-Y_STAR_HEADER = ["regime", "μ", "theory's y*(μ)", "nearest y run", "best y (configuration)",
-                 "y's not shown worse", "agree"]
+Y_STAR_HEADER = ["regime", "μ", "registered y*", "theory's y*(μ) now", "nearest y run",
+                 "best y (configuration)", "y's not shown worse", "agree (registered)",
+                 "agree (now)"]
 
 
 def y_star_row(regime: str, c: evidence.YStarCheck) -> list[str]:
-  """One row of ``Y_STAR_HEADER``."""
+  """One row of ``Y_STAR_HEADER``: "registered" is the prediction in the sweep file before
+  the runs, "now" the theory at the constants the regime's self-tuning runs measured."""
   ys = "{" + ", ".join(fmt(y, 0) for y in c.ys) + "}"
-  agree = ("yes" if c.agree else "no") if c.informative else "cannot tell (every y)"
-  return [regime, fmt(c.mu, 1), fmt(c.theory_y, 2), fmt(c.theory_grid, 0),
-          f"{fmt(c.best_y, 0)} (`{c.best}`)", ys, agree]
+  tell = "cannot tell (every y)"
+  now = ("yes" if c.agree else "no") if c.informative else tell
+  reg = ("–" if not c.registered else
+         ("yes" if c.agree_predicted else "no") if c.informative else tell)
+  return [regime, fmt(c.mu, 1), fmt(c.predicted, 0) if c.registered else "–",
+          fmt(c.theory_y, 2), fmt(c.theory_grid, 0), f"{fmt(c.best_y, 0)} (`{c.best}`)", ys,
+          reg, now]
