@@ -267,6 +267,9 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
   samp, algo, m = c.sampler, c.algo, c.sampler.max_new_tokens
   io, graphdef, params, base_info = load_policy(c.model, c.task, c.warmstart, task, seed=c.seed,
                                                 max_new_tokens=m, log=log, mesh=mesh)
+  if c.model.source == "builtin" and multihost.is_primary():
+    # the run's own copy of its tokenizer: ``jaxreplay.export`` reads it from here
+    ckpt_lib.write_atomic(os.path.join(workdir, "tokenizer.json"), io.tok.to_str())
   # Passes that score rollouts without gradients take the learner's micro-batch rows.
   score_rows = micro_batch_rows(c.train.batch_size, algo)
   held_out = samp.with_overrides(c.eval.temperature, c.eval.top_p)

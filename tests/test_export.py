@@ -1,0 +1,130 @@
+"""``python -m jaxreplay.export``: a run's checkpoint as a Hugging Face directory that
+transformers opens alone, whose greedy continuations and logits are jaxreplay's own; one-line
+errors for a missing step, an empty workdir and a model with no Hugging Face equivalent."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from flax import nnx  # noqa: E402
+
+from jaxreplay import export  # noqa: E402
+from jaxreplay.models.transformer import TransformerConfig  # noqa: E402
+from jaxreplay.sampling import generate  # noqa: E402
+from conftest import logprob_tol, restore, run, tiny_run_config  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+M = 6  # tiny_run_config's sampler.max_new_tokens (configs/default.py)
+
+
+def _quiet(*_):
+  pass
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, base_policy_cache):
+  """A two-step run of the tiny default-model config, checkpointed at steps 1 and 2."""
+  wd = tmp_path_factory.mktemp("run")
+  c = tiny_run_config(wd, base_policy_cache, **{"train.steps": 2, "checkpoint.every": 1,
+                                                "eval.every": 2})
+  run(c, log=_quiet)
+  return c
+
+
+def test_export_matches_jaxreplay_greedy_and_logits(trained, tmp_path):
+  out = str(tmp_path / "hf")
+  r = export.export(trained.workdir, out)
+  assert r["step"] == 2 and r["source"] == "builtin"
+  # the run keeps its tokenizer beside its checkpoints: the export needs no warm-start cache
+  assert os.path.exists(os.path.join(trained.workdir, "tokenizer.json"))
+  assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+          "tokenizer_config.json"} == set(os.listdir(out)) == set(r["files"])
+  assert r["bytes"] == sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+  assert model.config.model_type == "llama" and not model.config.tie_word_embeddings
+
+  # jaxreplay's own greedy continuation, from the trainer's restore of the same checkpoint
+  job, carry = restore(trained, log=_quiet)
+  assert carry.step == 2
+  examples = job.task.heldout[:8]
+  toks, mask, _ = job.io.prompts(examples)
+  g = generate(job.graphdef, carry.state.params, toks, mask, jax.random.key(0),
+               max_new_tokens=M, temperature=0.0, eos_ids=job.io.eos_ids, pad_id=job.io.pad_id)
+  gen_tokens, gen_mask = np.asarray(g.tokens), np.asarray(g.mask)
+  ours_model = nnx.merge(job.graphdef, carry.state.params)
+  for i, e in enumerate(examples):
+    prompt = [int(t) for t, m in zip(toks[i], mask[i]) if m]
+    # the exported chat template renders the trained prompt: <bos> + the question
+    chat = tok.apply_chat_template([{"role": "user", "content": e.prompt}],
+                                   add_generation_prompt=True, tokenize=True)
+    chat = list(chat["input_ids"] if not isinstance(chat, list) else chat)
+    assert chat == prompt == tok(e.prompt)["input_ids"], e.prompt
+    theirs = model.generate(torch.tensor([chat]), max_new_tokens=M, do_sample=False,
+                            attention_mask=torch.ones(1, len(chat), dtype=torch.long))
+    theirs = theirs[0, len(chat):].tolist()
+    ours = [int(t) for t, m in zip(gen_tokens[i], gen_mask[i]) if m]
+    assert theirs[:len(ours)] == ours, (e.prompt, ours, theirs)
+    # logits of prompt + completion agree to the float32 reordering bound
+    full = np.array([prompt + ours], np.int32)
+    with torch.no_grad():
+      t_logits = model(torch.tensor(full, dtype=torch.long)).logits.numpy()
+    o_logits = np.asarray(ours_model(jax.numpy.asarray(full), jax.numpy.ones(full.shape, bool)))
+    cfg = ours_model.cfg
+    np.testing.assert_allclose(t_logits, o_logits, rtol=0, atol=logprob_tol(cfg, o_logits))
+  gen_cfg = json.load(open(os.path.join(out, "generation_config.json")))
+  assert gen_cfg["eos_token_id"] == list(job.io.eos_ids) and gen_cfg["max_new_tokens"] == M
+
+
+def test_export_bfloat16_sharded_and_a_chosen_step(trained, tmp_path):
+  out32, out16 = str(tmp_path / "f32"), str(tmp_path / "bf16")
+  export.export(trained.workdir, out32, step=1)
+  r = export.export(trained.workdir, out16, step=1, dtype="bfloat16", max_shard_mb=0.05)
+  assert r["step"] == 1
+  shards = sorted(f for f in os.listdir(out16) if f.endswith(".safetensors"))
+  assert len(shards) > 1 and "model.safetensors.index.json" in os.listdir(out16)
+  m32 = transformers.AutoModelForCausalLM.from_pretrained(out32)
+  m16 = transformers.AutoModelForCausalLM.from_pretrained(out16, dtype=torch.bfloat16)
+  s32, s16 = m32.state_dict(), m16.state_dict()
+  assert set(s32) == set(s16)
+  for k in s32:
+    assert s16[k].dtype == torch.bfloat16
+    assert torch.equal(s16[k], s32[k].to(torch.bfloat16)), k
+
+
+def test_best_checkpoint_exports(trained, tmp_path):
+  r = export.export(trained.workdir, str(tmp_path / "best"), best=True)
+  best = json.load(open(os.path.join(trained.workdir, "summary.json")))["best_checkpoint"]
+  assert r["step"] == best["step"]
+
+
+def test_bad_step_and_empty_workdir_stop_with_one_line(trained, tmp_path):
+  with pytest.raises(SystemExit) as e:
+    export.main(["--workdir", trained.workdir, "--step", "7", "--out", str(tmp_path / "x")])
+  msg = str(e.value)
+  assert msg == (f"jaxreplay.export: --step 7: no checkpoint at that step in "
+                 f"{trained.workdir}/checkpoints; steps there: 1, 2")
+  assert not os.path.exists(tmp_path / "x")
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  p = subprocess.run([sys.executable, "-m", "jaxreplay.export", "--workdir", str(empty),
+                      "--out", str(tmp_path / "y")], capture_output=True, text=True, cwd=ROOT)
+  assert p.returncode == 1 and p.stdout == ""
+  lines = p.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f"jaxreplay.export: no checkpoint in {empty}")
+
+
+def test_a_model_without_hugging_face_equivalent_names_the_field():
+  cfg = TransformerConfig(vocab_size=16, d_model=8, n_heads=2, n_kv_heads=1, head_dim=4,
+                          d_ff=8, qk_norm=True, mlp_bias=True)
+  with pytest.raises(export.ExportError, match=r"no Hugging Face equivalent: .*mlp_bias"):
+    export.hf_weights(cfg, params=None)
