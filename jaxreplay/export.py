@@ -302,6 +302,14 @@ def write_tokenizer(c, workdir: str, out: str) -> tuple[list[str], dict]:
       if os.path.exists(os.path.join(path, name)):
         shutil.copyfile(os.path.join(path, name), os.path.join(out, name))
         names.append(name)
+    tcfg_file = os.path.join(out, "tokenizer_config.json")
+    tcfg = json.load(open(tcfg_file)) if os.path.exists(tcfg_file) else {}
+    if "tokenizer_class" not in tcfg:
+      # jaxreplay tokenizes with tokenizer.json alone; without a class, transformers picks
+      # the model type's, which may rebuild the pre-tokenizer its own way
+      with open(tcfg_file, "w") as f:
+        json.dump({**tcfg, "tokenizer_class": "PreTrainedTokenizerFast"}, f, indent=2)
+      names = list(dict.fromkeys(names + ["tokenizer_config.json"]))
   else:  # gguf: the tokenizer rebuilt from the file's metadata
     from jaxreplay.models import gguf
     hf = HFTokenizer.from_gguf(gguf.resolve_gguf_path(path))

@@ -128,3 +128,79 @@ def test_a_model_without_hugging_face_equivalent_names_the_field():
                           d_ff=8, qk_norm=True, mlp_bias=True)
   with pytest.raises(export.ExportError, match=r"no Hugging Face equivalent: .*mlp_bias"):
     export.hf_weights(cfg, params=None)
+
+
+def _greedy_pairs(job, params, examples, tok, model, max_new_tokens):
+  """(jaxreplay's, transformers') greedy completion token lists of each example, both
+  prompted through the checkpoint's chat template."""
+  toks, mask, _ = job.io.prompts(examples)
+  g = generate(job.graphdef, params, toks, mask, jax.random.key(0),
+               max_new_tokens=max_new_tokens, temperature=0.0, eos_ids=job.io.eos_ids,
+               pad_id=job.io.pad_id)
+  pairs = []
+  for i, e in enumerate(examples):
+    prompt = [int(t) for t, m in zip(toks[i], mask[i]) if m]
+    chat = tok.apply_chat_template([{"role": "user", "content": e.prompt}],
+                                   add_generation_prompt=True, tokenize=True)
+    chat = list(chat["input_ids"] if not isinstance(chat, list) else chat)
+    assert chat == prompt, e.prompt
+    out = model.generate(torch.tensor([chat]), max_new_tokens=max_new_tokens, do_sample=False,
+                         attention_mask=torch.ones(1, len(chat), dtype=torch.long))
+    ours = [int(t) for t, m in zip(np.asarray(g.tokens[i]), np.asarray(g.mask[i])) if m]
+    pairs.append((ours, out[0, len(chat):].tolist()[:len(ours)]))
+  return pairs
+
+
+def qwen_checkpoint(directory):
+  """A tiny random Qwen2 with a ChatML byte-level BPE whose normalizer and pre-tokenizer are
+  Qwen2.5's (transformers 5 rebuilds them for any qwen2 checkpoint, whatever tokenizer.json
+  says, so a checkpoint that transformers and ``tokenizers`` read alike needs Qwen's own)."""
+  from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+  from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+  from test_models_tokenizer import CHATML
+  specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+  tok = Tokenizer(models.BPE())
+  tok.normalizer = normalizers.NFC()
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  tok.decoder = decoders.ByteLevel()
+  rng = np.random.default_rng(0)
+  texts = [" + ".join(map(str, rng.integers(0, 10, 3))) + f" = {i}" for i in range(200)]
+  tok.train_from_iterator(texts + ["You are a helpful assistant."] * 5, trainers.BpeTrainer(
+      vocab_size=320, special_tokens=specials, show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  tok.save(os.path.join(directory, "tokenizer.json"))
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump({"chat_template": CHATML, "eos_token": "<|im_end|>",
+               "pad_token": "<|endoftext|>"}, f)
+  torch.manual_seed(0)
+  hcfg = transformers.Qwen2Config(
+      vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+      max_position_embeddings=1024, tie_word_embeddings=True,
+      eos_token_id=tok.token_to_id("<|im_end|>"))
+  transformers.Qwen2ForCausalLM(hcfg).save_pretrained(directory)
+
+
+@pytest.mark.slow
+def test_hf_checkpoint_trained_two_steps_exports(base_policy_cache, tmp_path):
+  ckpt = tmp_path / "ckpt"
+  ckpt.mkdir()
+  qwen_checkpoint(str(ckpt))
+  c = tiny_run_config(tmp_path / "run", base_policy_cache, **{
+      "model.source": "hf", "model.path": str(ckpt), "task.chat_template": True,
+      "task.prompt_width": 64, "train.steps": 2, "checkpoint.every": 2, "eval.every": 2})
+  run(c, log=_quiet)
+  out = str(tmp_path / "hf")
+  r = export.export(c.workdir, out)
+  assert r["source"] == "hf" and r["step"] == 2
+  assert json.load(open(os.path.join(out, "tokenizer_config.json")))["chat_template"]
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+  assert model.config.model_type == "qwen2"
+  job, carry = restore(c, log=_quiet)
+  for ours, theirs in _greedy_pairs(job, carry.state.params, job.task.heldout[:6], tok, model,
+                                    M):
+    assert ours == theirs
