@@ -8,7 +8,9 @@ log the noise estimates ``noise/alpha`` and ``noise/rho``). All runs of a regime
 same generation budget. Per regime this module gathers, from the runs' files alone:
 
   * the constants of the theory, per seed from the regime's ``auto`` runs: μ (generating one
-    rollout over training on one sample, steady-state phase times, ``RunData.mu_time``), α
+    rollout over training on one sample) from FLOPs (``RunData.mu_flops``: model shapes and
+    the tokens generated and trained, the same on any machine; the theory uses it) and from
+    steady-state phase times (``RunData.mu_time``, which moves with the machine's load), α
     and ρ (the median of the run's estimates, ``rl.noise``; NaN estimates left out); median
     [IQR] over seeds; the theory's (x*, y*) at the median constants within the sweep's
     bounds (``evidence.theory_design``: ρ clipped to [0, 1], α to >= 0);
@@ -48,12 +50,12 @@ MAP_NOTE = ("<!-- where-replay-pays:start (written by `python -m jaxreplay.sweep
 FOOTER = re.compile(r"^regimes=\d+ seeds_min=\d+ null_fpr_max=[\d.]+ y_star_checks=\d+ "
                     r"y_star_agree=\d+$")
 ROLES = ("onpolicy", "fixed", "auto")
-MAP_COLUMNS = ("regime", "μ", "α", "ρ", "theory's (x*, y*)", "buffer with the smallest p",
+MAP_COLUMNS = ("regime", "μ (FLOPs)", "μ (time)", "α", "ρ", "theory's (x*, y*)", "buffer with the smallest p",
                "its AUC − on-policy's [95% t]", "p (one-sided t)", "replay pays",
                "self-tuning − best fixed, AUC [95% t]", "self-tuning falls short")
 # the page's regime table: the README's columns (``MAP_COLUMNS``) and two more
-REGIME_COLUMNS = MAP_COLUMNS[:2] + ("μ on-policy",) + MAP_COLUMNS[2:5] + ("y* per seed",) + \
-    MAP_COLUMNS[5:]
+REGIME_COLUMNS = MAP_COLUMNS[:3] + ("μ (time) on-policy",) + MAP_COLUMNS[3:6] + \
+    ("y* per seed",) + MAP_COLUMNS[6:]
 
 
 def run_constants(run) -> dict[str, float]:
@@ -63,7 +65,8 @@ def run_constants(run) -> dict[str, float]:
     run: a ``runs.RunData``.
 
   Returns:
-    {"mu": μ from steady-state phase times (unitless, cost per generated rollout over cost
+    {"mu_flops": μ from the ledger's FLOP counts, "mu": μ from steady-state phase times
+     (both unitless, cost per generated rollout over cost
      per trained sample), "alpha": median ``noise/alpha``, "rho": median ``noise/rho``,
      "estimates": int count of records with a ``noise/alpha``} — NaN where absent.
   """
@@ -72,7 +75,7 @@ def run_constants(run) -> dict[str, float]:
     v = [x for x in v if math.isfinite(x)]
     return float(np.median(v)) if v else float("nan")
   n = sum(1 for r in run.records if "noise/alpha" in r)
-  return {"mu": run.mu_time(), "alpha": med("noise/alpha"), "rho": med("noise/rho"),
+  return {"mu_flops": run.mu_flops(), "mu": run.mu_time(), "alpha": med("noise/alpha"), "rho": med("noise/rho"),
           "estimates": n}
 
 
@@ -95,13 +98,17 @@ class Regime:
     self.name, self.configs = name, configs
     self.by_role = {r: [c["name"] for c in configs if c.get("role") == r] for r in ROLES}
     self.reference = self.by_role["onpolicy"][0] if self.by_role["onpolicy"] else None
-    self.runs = {c["name"]: runs.get(c["name"], []) for c in configs}
+    # a configuration with fewer than 2 seeds has no paired statistic yet: left out of
+    # the evidence (``pending``) until its runs are in, but counted in ``seeds_file``
+    self.all_runs = {c["name"]: runs.get(c["name"], []) for c in configs}
+    self.pending = {n: len(rs) for n, rs in self.all_runs.items() if len(rs) < 2}
+    self.runs = {n: (rs if n not in self.pending else []) for n, rs in self.all_runs.items()}
     self.constants = [run_constants(r) for n in self.by_role["auto"] for r in self.runs[n]]
     self.median = {k: stats.quantiles([c[k] for c in self.constants])[1]
-                   for k in ("mu", "alpha", "rho")}
-    self.design = theory_design(self.median["mu"], self.median["alpha"], self.median["rho"],
+                   for k in ("mu_flops", "mu", "alpha", "rho")}
+    self.design = theory_design(self.median["mu_flops"], self.median["alpha"], self.median["rho"],
                                 x_bounds, y_bounds)
-    self.seed_designs = [theory_design(c["mu"], c["alpha"], c["rho"], x_bounds, y_bounds)
+    self.seed_designs = [theory_design(c["mu_flops"], c["alpha"], c["rho"], x_bounds, y_bounds)
                          for c in self.constants]
     roles = {c["name"]: c.get("role") for c in configs}
     self.evidence, self.checks = None, []
@@ -131,8 +138,13 @@ class Regime:
     return round_design(x, y)[1] > 1
 
   def seeds(self) -> int:
-    """The fewest seeds any configuration of the regime has (0 when one has none)."""
-    return min(len(v) for v in self.runs.values()) if self.runs else 0
+    """The fewest seeds of the configurations the evidence uses (those with 2 or more)."""
+    v = [len(rs) for rs in self.runs.values() if rs]
+    return min(v) if v else 0
+
+  def seeds_file(self) -> int:
+    """The fewest seeds of any configuration the sweep file lists (0: one has none)."""
+    return min(len(v) for v in self.all_runs.values()) if self.all_runs else 0
 
   def controller(self) -> dict[str, Any]:
     """The self-tuning runs' last knobs, number of changes, seconds spent estimating and
@@ -194,11 +206,12 @@ class Study:
   Attributes:
     regimes: [Regime] with evidence. noise: ``null.NoiseModel`` fitted to all their runs.
     rates: [``evidence.RuleRates``] of every rule at the study's design. n_seeds: the
-    fewest seeds of any configuration. n_buffers: the most buffers of a regime.
+    fewest seeds of any configuration with evidence. n_buffers: the most buffers of a regime.
     sd_d: SD of one seed's AUC difference under the noise model. detectable: the smallest
     AUC difference the "replay pays" rule detects with ``null.POWER`` at ``n_seeds``.
     detectable_saving: {regime: the token saving that difference is, NaN above 95%}.
-    n_sims: simulated studies per rate.
+    n_sims: simulated studies per rate. seeds_min: the fewest seeds of any configuration
+    of any regime the sweep file lists, run or not (the study line's; -1: ``n_seeds``).
   """
 
   regimes: list
@@ -210,6 +223,7 @@ class Study:
   detectable: float
   detectable_saving: dict
   n_sims: int
+  seeds_min: int = -1
 
   def rule(self, name: str) -> evidence.RuleRates:
     return next(r for r in self.rates if r.rule.name == name)
@@ -226,9 +240,17 @@ class Study:
     checks = [c for g in self.regimes for c in g.checks]
     reg = [c for c in checks if c.registered]
     agree = sum(c.agree_predicted for c in reg) if reg else sum(c.agree for c in checks)
-    return (f"regimes={len(self.regimes)} seeds_min={self.n_seeds} "
+    seeds = self.n_seeds if self.seeds_min < 0 else self.seeds_min
+    return (f"regimes={len(self.regimes)} seeds_min={seeds} "
             f"null_fpr_max={self.fpr_max:.3f} y_star_checks={len(reg or checks)} "
             f"y_star_agree={agree}")
+
+
+def noise_of(regimes: list[Regime]) -> null.NoiseModel:
+  """``null.fit_noise`` of the runs of ``regimes`` (each with evidence: on-policy runs)."""
+  return null.fit_noise([(float(np.median(list(g.evidence.budget_s.values()))),
+                          {n: {r.seed: r.curve() for r in rs} for n, rs in g.runs.items() if rs})
+                         for g in regimes])
 
 
 def study_of(regimes: list[Regime], n_sims: int = 4000, seed: int = 0) -> Study:
@@ -243,16 +265,15 @@ def study_of(regimes: list[Regime], n_sims: int = 4000, seed: int = 0) -> Study:
   n_seeds = min(g.seeds() for g in done)
   if n_seeds < 2:
     raise ValueError(f"a configuration has {n_seeds} seed(s): paired statistics need 2")
-  data = [(float(np.median(list(g.evidence.budget_s.values()))),
-           {n: {r.seed: r.curve() for r in rs} for n, rs in g.runs.items() if rs}) for g in done]
-  noise = null.fit_noise(data)
+  noise = noise_of(done)
   curves = {g.name: evidence.mean_curve(g.runs[g.reference]) for g in done}
   n_buffers = max(g.evidence.n_tests for g in done)
   rates = evidence.rule_table(noise, curves, n_buffers, n_seeds, n_sims, seed)
   sd_d = null.auc_difference_sd(noise)
   det = null.detectable_difference(sd_d, n_seeds, n_buffers)
   return Study(done, noise, rates, n_seeds, n_buffers, sd_d, det,
-               {g: null.saving_for_gain(f, det) for g, f in curves.items()}, n_sims)
+               {g: null.saving_for_gain(f, det) for g, f in curves.items()}, n_sims,
+               min(g.seeds_file() for g in regimes))
 
 
 # --- the page -----------------------------------------------------------------------------
@@ -296,10 +317,17 @@ def summary_sentences(study: Study) -> str:
   short = [g for g in gs if g.evidence.auto_short]
   with_auto = [g for g in gs if g.evidence.auto_short is not None]
   checks = [c for g in gs for c in g.checks]
+  reg = [c for c in checks if c.registered]
+  if reg:
+    y_txt = (f"the theory's y*(μ) registered before the runs agrees with the runs re-scored on "
+             f"compute in {sum(c.agree_predicted for c in reg)} of {len(reg)} checks "
+             f"({sum(not c.informative for c in reg)} cannot tell)")
+  else:
+    y_txt = (f"the theory's y*(μ) agrees with the runs re-scored on compute in "
+             f"{sum(c.agree for c in checks)} of {len(checks)} checks "
+             f"({sum(not c.informative for c in checks)} cannot tell)")
   third = (f"self-tuning is shown short of the best fixed configuration in {len(short)} of "
-           f"{len(with_auto)} regimes, and the theory's y*(μ) agrees with the runs re-scored on "
-           f"compute in {sum(c.agree for c in checks)} of {len(checks)} checks "
-           f"({sum(not c.informative for c in checks)} cannot tell).")
+           f"{len(with_auto)} regimes, and {y_txt}.")
   return f"{first}. {second}; {third}"
 
 
@@ -310,7 +338,8 @@ def _regime_row(g: Regime) -> list[str]:
   lead = ev.vs_reference.get(ev.lead) if ev.lead else None
   auto = ev.vs_best.get(ev.auto) if ev.auto else None
   mu_on = [r.mu_time() for n in g.by_role["onpolicy"] for r in g.runs[n]]
-  return [g.name, fq([c["mu"] for c in g.constants], 2), fq(mu_on, 2),
+  return [g.name, fq([c["mu_flops"] for c in g.constants], 2),
+          fq([c["mu"] for c in g.constants], 2), fq(mu_on, 2),
           fq([c["alpha"] for c in g.constants], 2), fq([c["rho"] for c in g.constants], 2),
           f"({fmt(x, 2)}, {fmt(y, 2)})", fq([d[1] for d in g.seed_designs], 2),
           f"`{ev.lead}`" if ev.lead else "–", tables.fmt_diff(lead.auc if lead else None),
@@ -321,10 +350,19 @@ def _regime_row(g: Regime) -> list[str]:
 
 def _intro(sweep: dict, study: Study) -> list[str]:
   n = study.n_buffers
+  def span(v):
+    v = sorted(set(v))
+    return f"{v[0]}" if len(v) == 1 else f"{v[0]}–{v[-1]}"
+  counts = {g.name: [len(rs) for rs in g.runs.values() if rs] for g in study.regimes}
+  per = ", ".join(f"{k} {span(v)}" for k, v in counts.items())
+  pending = [f"`{n}` ({k})" for g in study.regimes for n, k in g.pending.items()]
+  left = (f" Not yet in the evidence (fewer than 2 of the file's {len(sweep['seeds'])} "
+          f"seeds run): {', '.join(pending)}." if pending else "")
   return [
       f"Sweep `configs/sweep/where_replay_pays.py` ({len(study.regimes)} regimes × "
-      f"{len(sweep['seeds'])} seeds; per regime on-policy, two fixed FIFO buffers and the "
-      "self-tuning buffer at one generation budget). Every comparison is paired by seed "
+      f"{span([n for v in counts.values() for n in v])} seeds; seeds per configuration: "
+      f"{per}; per regime on-policy, fixed FIFO buffers and the "
+      f"self-tuning buffer at one generation budget).{left} Every comparison is paired by seed "
       "(a seed's runs share its warm start): per seed, configuration minus reference, then "
       "the mean over seeds with its 95% Student t interval (and the seed bootstrap's, "
       "`scipy.stats.bootstrap`, which covers well below its nominal rate with few seeds, "
@@ -342,10 +380,12 @@ def _intro(sweep: dict, study: Study) -> list[str]:
       f"paired t test at 5%/{n}; **self-tuning falls short** when its AUC is below the best "
       "fixed configuration's (highest mean AUC, on-policy included) by the same test at "
       "5%/k, k the fixed configurations it is chosen from. μ, α, ρ: median [IQR] over the "
-      "self-tuning runs' seeds (μ from phase times at the R the controller ran; \"μ "
-      "on-policy\": the same at R = B; α, ρ from `rl.noise`, ρ clipped to [0, 1] and α to "
-      "≥ 0 before the theory); theory: `theory.power_law_design_bounded` within the sweep's "
-      "bounds at the median constants, and its y* at each seed's own.",
+      "self-tuning runs' seeds (μ (FLOPs) from the ledger's FLOP counts, a property of the "
+      "run; μ (time) from steady-state phase times at the R the controller ran, which moves "
+      "with the machine's load; \"μ (time) on-policy\": the same at R = B; α, ρ from "
+      "`rl.noise`, ρ clipped to [0, 1] and α to ≥ 0 before the theory); theory: "
+      "`theory.power_law_design_bounded` within the sweep's bounds at the median constants "
+      "with μ (FLOPs), and its y* at each seed's own.",
       ""]
 
 
@@ -359,9 +399,47 @@ def _comparisons(g: Regime) -> list:
   return out
 
 
-def _noise_lines(study: Study) -> list[str]:
+def resolve_repo_path(path: str) -> str:
+  """``path`` as given when it exists, else relative to the repository root."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return path if os.path.exists(path) or os.path.isabs(path) else os.path.join(root, path)
+
+
+def eval_noise_sentence(path: str | None, jitter: float) -> str:
+  """What ``bench/eval_noise.py`` measured at fixed parameters (its JSON at ``path``), beside
+  the noise model's jitter; "" when the file is absent.
+
+  Raises:
+    ValueError: a file without the bench's fields.
+  """
+  if not path or not os.path.exists(path):
+    return ""
+  import json
+  with open(path) as f:
+    e = json.load(f)
+  try:
+    base, final = e["base"], e["final"]
+    fmt = tables.fmt
+    return (f"Measured at fixed parameters (`bench/eval_noise.py`, `{e['run']}` seed "
+            f"{e['seed']}, {e['keys']} keys, {e['examples']} examples × "
+            f"{e['samples_per_example']} samples, {e['provenance']['date']}): one evaluation's "
+            f"sampled accuracy has SD {fmt(base['sd_acc_sampled'])} at the warm start and "
+            f"{fmt(final['sd_acc_sampled'])} at step {final['step']} (greedy: "
+            f"{fmt(final['sd_acc_greedy'])}, deterministic); of the jitter {fmt(jitter)} the "
+            "rest is the policy moving between evaluations. The study averages each "
+            "evaluation with its neighbours (the smoothed curves) rather than evaluating an "
+            "exponential moving average of the weights: the average damps both parts and "
+            "scores the policies the runs generated with, where an average of weights would "
+            "score a policy no run sampled from.")
+  except (KeyError, TypeError) as err:
+    raise ValueError(f"report.eval_noise {path}: not a bench/eval_noise.py result "
+                     f"(missing {err})") from None
+
+
+def _noise_lines(study: Study, eval_noise: str | None = None) -> list[str]:
   m, fmt = study.noise, tables.fmt
   names = [g.name for g in study.regimes]
+  measured = eval_noise_sentence(eval_noise, m.jitter)
   return [
       "### Decision rules under the runs' own noise", "",
       f"Noise model fitted to the runs (`study.null.fit_noise`): one evaluation jitters by "
@@ -376,6 +454,7 @@ def _noise_lines(study: Study) -> list[str]:
       "all curves equal (false-positive rate; the best of the buffers is what each rule "
       f"reads), and one buffer reaching every accuracy with {1 - null.SAVING:.0%} of the "
       "tokens (power). A rule is kept only with a false-positive rate ≤ 5%.", ""] + \
+      ([measured, ""] if measured else []) + \
       tables.table(tables.RULE_HEADER, tables.rule_rows(study.rates, names)) + [""]
 
 
@@ -393,7 +472,8 @@ def render_map(sweep: dict, study: Study, figure: str | None) -> list[str]:
         "seeds [95% t interval]; the last column is a ratio of tokens (below 1: fewer).", ""]
   rows = [tables.comparison_row(g.name, c) for g in gs for c in _comparisons(g)]
   L += tables.table(tables.COMPARISON_HEADER, rows) + [""]
-  L += _noise_lines(study)
+  en = (sweep.get("report") or {}).get("eval_noise")
+  L += _noise_lines(study, resolve_repo_path(en) if en else None)
   L += ["### Saturating fits", "",
         "R(C) = R0 + (A − R0)/(1 + (C_mid/C)^B) (ScaleRL, Khatri et al. 2025) fitted by "
         "`scipy.optimize.curve_fit` to a configuration's pooled evaluations, C = generated "

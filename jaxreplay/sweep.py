@@ -3,6 +3,7 @@
   python -m jaxreplay.sweep --config configs/sweep/NAME.py [--workdir DIR] [--only REGEX]
                             [--report-only] [--dry-run] [--publish]
                             [--import-runs FILE.tar.xz] [--export-runs FILE.tar.xz]
+                            [--verify REGEX]
 
 A sweep file has ``get_config()`` returning a ConfigDict (or dict) with
   base_config:    path of a trainer config file (``configs/default.py``, a Qwen preset, ...),
@@ -37,7 +38,11 @@ Archives: ``--export-runs FILE`` writes, after the grid and the report, every fi
 (``ARCHIVE_KEYS``) as one ``.tar.xz`` — small enough to commit beside the results it
 produced. ``--import-runs FILE`` unpacks one into the sweep's directory first (runs already
 present are left alone), so a report can be regenerated, or a sweep finished, on a machine
-that did not run it: the imported runs count as finished and are skipped.
+that did not run it: the imported runs count as finished and are skipped. The warm-start
+weights the runs started from travel beside the archive (``FILE.base_policies/KEY.tar.xz``,
+``export_base_policies``: written once per base policy) and are unpacked with it, so
+``--verify REGEX`` can rerun chosen archived runs from the same weights and report each
+difference against the noise band it expects (``jaxreplay.study.verify``).
 """
 
 from __future__ import annotations
@@ -385,6 +390,84 @@ def export_runs(sweep: dict, workdir: str, path: str) -> int:
   return n
 
 
+def base_policies_dir(path: str) -> str:
+  """Where an archive's warm-start weights go: ``NAME.tar.xz`` -> ``NAME.base_policies/``."""
+  return re.sub(r"(\.tar\.xz|\.tar\.gz|\.tgz|\.tar)$", "", path) + ".base_policies"
+
+
+def _base_policy_key(run_dir: str) -> str | None:
+  """The base-policy cache key a finished run used (from its summary), or None."""
+  try:
+    path = json.loads(storage.read_text(os.path.join(run_dir, "summary.json"))).get("base_policy")
+  except (OSError, ValueError):
+    return None
+  return os.path.basename(path.rstrip("/")) if path else None
+
+
+def export_base_policies(sweep: dict, workdir: str, path: str) -> int:
+  """Writes the warm-start weights the grid's finished runs used beside archive ``path``:
+  ``base_policies_dir(path)/KEY.tar.xz``, one per base-policy cache entry (the Orbax
+  checkpoint and ``info.json`` of ``WORKDIR/base_policies/KEY``), each written once and
+  never rewritten, so a committed file keeps its bytes (3.1 MB for the default model).
+
+  Returns:
+    The number of files written (entries already archived are skipped).
+  """
+  out = base_policies_dir(path)
+  keys = sorted({k for r in plan(sweep, workdir) if (k := _base_policy_key(r.workdir))})
+  n = 0
+  for key in keys:
+    src = os.path.join(workdir, "base_policies", key)
+    dst = os.path.join(out, f"{key}.tar.xz")
+    if os.path.exists(dst) or not os.path.exists(os.path.join(src, "info.json")):
+      continue
+    os.makedirs(out, exist_ok=True)
+    with tarfile.open(dst + ".tmp", "w:xz") as tar:
+      tar.add(src, arcname=key, filter=lambda m: None if m.name.endswith("/.lock") else m)
+    os.replace(dst + ".tmp", dst)
+    n += 1
+  return n
+
+
+def import_base_policies(workdir: str, path: str) -> int:
+  """Unpacks the warm-start weights archived beside ``path`` (``export_base_policies``)
+  into ``WORKDIR/base_policies/KEY`` where that entry is absent; a rerun of an imported
+  run then starts from the archived weights, not from a warm start rebuilt here.
+
+  Returns:
+    The number of entries unpacked (0 when the archive has none).
+
+  Raises:
+    SweepError: a member outside ``KEY/`` or not a plain file or directory.
+  """
+  src = base_policies_dir(path)
+  if not os.path.isdir(src):
+    return 0
+  n = 0
+  for f in sorted(os.listdir(src)):
+    if not f.endswith(".tar.xz"):
+      continue
+    key = f[:-len(".tar.xz")]
+    dst = os.path.join(workdir, "base_policies", key)
+    if os.path.exists(os.path.join(dst, "info.json")):
+      continue
+    with tarfile.open(os.path.join(src, f), "r:xz") as tar:
+      members = tar.getmembers()
+      for m in members:
+        parts = m.name.split("/")
+        if parts[0] != key or ".." in parts or not (m.isfile() or m.isdir()):
+          raise SweepError(f"{os.path.join(src, f)}: unexpected member {m.name!r} "
+                           f"(not the base policy {key})")
+      os.makedirs(os.path.dirname(dst), exist_ok=True)
+      tmp = tempfile.mkdtemp(dir=os.path.dirname(dst))  # same disk: the rename is atomic
+      tar.extractall(tmp, members=members)
+    shutil.rmtree(dst, ignore_errors=True)
+    os.replace(os.path.join(tmp, key), dst)
+    shutil.rmtree(tmp, ignore_errors=True)
+    n += 1
+  return n
+
+
 def import_runs(workdir: str, path: str) -> int:
   """Unpacks an ``export_runs`` archive into ``workdir``; a run directory that exists and
   was not itself imported (a run of this machine, finished or not) is left as it is.
@@ -420,6 +503,57 @@ def import_runs(workdir: str, path: str) -> int:
         out.write(f.read())
       n += parts[2] == "summary.json"
   return n
+
+
+def verify_runs(sweep: dict, workdir: str, only: str, print_fn=_say) -> list:
+  """Reruns the imported runs matching ``only`` (a regex on ``NAME/seedK``) from their
+  archived warm start in ``WORKDIR/verify/NAME/seedK`` and compares each with the archive
+  (``study.verify.compare``): bit-identical, or the AUC difference against the band two
+  runs of one seed span under the sweep's noise model.
+
+  Returns:
+    [``study.verify.Verdict``], one per rerun that finished.
+
+  Raises:
+    SweepError: no imported run matches, or a chosen run's warm start is not in
+      ``WORKDIR/base_policies`` (an archive without its ``.base_policies``).
+  """
+  from jaxreplay.study import verify
+  from jaxreplay.study.runs import RunData, load_runs
+  pat = re.compile(only)
+  chosen = [r for r in plan(sweep, workdir) if pat.search(f"{r.name}/seed{r.seed}")
+            and os.path.exists(os.path.join(r.workdir, ".imported"))
+            and os.path.exists(os.path.join(r.workdir, "summary.json"))]
+  if not chosen:
+    raise SweepError(f"--verify {only!r}: no imported run matches (import an archive with "
+                     "--import-runs; runs are NAME/seedK)")
+  for r in chosen:
+    key = _base_policy_key(r.workdir)
+    if key and not os.path.exists(os.path.join(workdir, "base_policies", key, "info.json")):
+      raise SweepError(f"--verify: {r.name}/seed{r.seed} started from base policy {key}, "
+                       f"which the archive does not carry ({base_policies_dir('ARCHIVE')}/"
+                       f"{key}.tar.xz); a rerun would start from another warm start")
+  sd = verify.noise_sd(sweep, load_runs(sweep, workdir)[0])
+  out = []
+  for r in chosen:
+    again = dataclasses.replace(r, workdir=os.path.join(workdir, "verify", r.name,
+                                                        f"seed{r.seed}"))
+    steps = resolved_config(sweep, again, workdir).train.steps
+    if not finished(again, steps):
+      print_fn(f"verify {r.name} seed{r.seed}: rerunning ({steps} steps, log "
+               f"{again.workdir}/sweep.log)")
+      rc = execute(command(sweep, again, workdir), os.path.join(again.workdir, "sweep.log"),
+                   os.path.join(storage.local_side(workdir), "jax_cache"))
+      if rc != 0 or not finished(again, steps):
+        print_fn(f"verify {r.name} seed{r.seed}: FAILED (exit {rc}); see "
+                 f"{again.workdir}/sweep.log")
+        continue
+    v = verify.compare(RunData(r.workdir, r.name, r.family, r.seed),
+                       RunData(again.workdir, r.name, r.family, r.seed), sd)
+    print_fn(v.line())
+    out.append(v)
+  print_fn(verify.summary_line(out))
+  return out
 
 
 def report_command(config_path: str, workdir_arg: str | None) -> str:
@@ -467,6 +601,9 @@ def main(argv=None) -> int:
   p.add_argument("--export-runs", metavar="FILE",
                  help="after the report, write the finished runs (configs, summaries, the "
                       "metrics the reports read) to this .tar.xz")
+  p.add_argument("--verify", metavar="REGEX",
+                 help="rerun the imported runs whose NAME/seedK matches from the archived "
+                      "warm start and compare each with the archive (no grid, no report)")
   p.add_argument("--publish", action="store_true",
                  help="write the report to the sweep file's report.results_md (such as "
                       "docs/results.md) even with a --workdir of its own")
@@ -475,8 +612,12 @@ def main(argv=None) -> int:
     sweep = load_sweep(a.config)
     workdir = os.path.abspath(a.workdir or sweep["workdir"])
     if a.import_runs:
-      print(f"imported {import_runs(workdir, a.import_runs)} runs from {a.import_runs}",
-            flush=True)
+      print(f"imported {import_runs(workdir, a.import_runs)} runs and "
+            f"{import_base_policies(workdir, a.import_runs)} base policies from "
+            f"{a.import_runs}", flush=True)
+    if a.verify:
+      verdicts = verify_runs(sweep, workdir, a.verify)
+      return 0 if verdicts and all(v.within for v in verdicts) else 1
     failed = []
     if not a.report_only:
       print(f"sweep {a.config}: {len(sweep['configurations'])} configurations × "
@@ -496,7 +637,9 @@ def main(argv=None) -> int:
   paths = report.write_report(sweep, workdir, report_command(a.config, a.workdir))
   print(f"report written to {paths[0]} (+{len(paths) - 1} figures)")
   if a.export_runs:
-    print(f"exported {export_runs(sweep, workdir, a.export_runs)} runs to {a.export_runs}")
+    print(f"exported {export_runs(sweep, workdir, a.export_runs)} runs to {a.export_runs} "
+          f"and {export_base_policies(sweep, workdir, a.export_runs)} new base policies to "
+          f"{base_policies_dir(a.export_runs)}")
   return 1 if failed else 0
 
 

@@ -75,7 +75,7 @@ def test_readme_headline_numbers_equal_results_md():
   head = re.search(r"- runs: (\d+) present of \d+ \((\d+) configurations × seeds ([^)]*)\)", res)
   if page_map:
     # the map: its summary sentences and every row of its regime table, cell for cell
-    src = {r["regime"]: r for r in table_rows(page_map) if "μ" in r and "α" in r}
+    src = {r["regime"]: r for r in table_rows(page_map) if "μ (FLOPs)" in r and "α" in r}
     summary = next(ln for ln in page_map if ln.startswith("**")).strip("*")
     assert summary in text
     assert sorted(r["regime"] for r in rows) == sorted(src)
@@ -129,17 +129,25 @@ def test_results_md_ends_with_the_study_line_its_tables_give():
                    r"y_star_checks=(\d+) y_star_agree=(\d+)", res.rstrip().splitlines()[-1])
   assert m, "docs/results.md does not end with the study line"
   tabs = _tables(page_map)
-  regimes = [r for t in tabs for r in t if "μ" in r and "α" in r]
+  regimes = [r for t in tabs for r in t if "μ (FLOPs)" in r and "α" in r]
   assert int(m.group(1)) == len(regimes)
+  # seeds_min: the fewest seeds of any configuration the sweep file lists, those not yet in
+  # the evidence (named with their seed counts) included
   sweep_line = next(ln for ln in page_map if ln.startswith("Sweep `"))
-  assert int(m.group(2)) == int(re.search(r"× (\d+) seeds", sweep_line).group(1))
+  fewest = int(re.search(r"× (\d+)(?:–\d+)? seeds", sweep_line).group(1))
+  pending = [int(k) for k in re.findall(r"`[^`]+` \((\d+)\)", sweep_line.split(
+      "Not yet in the evidence")[1].split(". Every")[0])] if "Not yet" in sweep_line else []
+  assert int(m.group(2)) == min([fewest] + pending)
   rules = [r for t in tabs for r in t if "rule" in r]
   used = [float(r["false-positive rate (largest over regimes)"]) for r in rules
           if r["decides"] != "–"]
   assert used and m.group(3) == f"{max(used):.3f}" and max(used) <= 0.05
-  checks = [r for t in tabs for r in t if "theory's y*(μ)" in r]
-  assert int(m.group(4)) == len(checks)
-  assert int(m.group(5)) == sum(r["agree"] == "yes" for r in checks)
+  # the y* checks: those registered before the runs where any are, else all
+  checks = [r for t in tabs for r in t if "theory's y*(μ) now" in r]
+  reg = [r for r in checks if r["registered y*"] != "–"]
+  assert int(m.group(4)) == len(reg or checks)
+  col = "agree (registered)" if reg else "agree (now)"
+  assert int(m.group(5)) == sum(r[col] == "yes" for r in (reg or checks))
 
 
 def test_every_number_in_the_block_appears_in_results_md():

@@ -21,10 +21,11 @@ OFFSET = [0.0, 0.01, -0.01]                          # each seed's warm start an
 
 
 def _write_run(d, acc, b=4, r=4, n=4, tokens_per_rollout=2.5, gen_s=0.1, train_s=0.2,
-               noise=None, auto=None):
-  """Step records 1..last (R rollouts of ``tokens_per_rollout`` tokens per step), an
-  evaluation every 20 generated tokens (``acc``, step 0 first), and per step ``noise``
-  (alpha, rho) / ``auto`` records ({step: {...}})."""
+               noise=None, auto=None, gen_f=0.5, train_f=1.0):
+  """Step records 1..last (R rollouts of ``tokens_per_rollout`` tokens per step; FLOPs
+  ``gen_f`` per rollout and ``train_f`` per trained sample), an evaluation every 20
+  generated tokens (``acc``, step 0 first), and per step ``noise`` (alpha, rho) / ``auto``
+  records ({step: {...}})."""
   every = int(20 / (r * tokens_per_rollout))
   evals = {i * every: a for i, a in enumerate(acc)}
   os.makedirs(d, exist_ok=True)
@@ -33,7 +34,8 @@ def _write_run(d, acc, b=4, r=4, n=4, tokens_per_rollout=2.5, gen_s=0.1, train_s
       rec = {"step": step}
       if step:
         rec.update(generated_tokens=step * r * tokens_per_rollout, generated_rollouts=step * r,
-                   trained_samples=step * b, generate_s=gen_s * step, train_s=train_s * step)
+                   trained_samples=step * b, generate_s=gen_s * step, train_s=train_s * step,
+                   generation_flops=gen_f * step * r, training_flops=train_f * step * b)
       if step in evals:
         rec["eval/acc_sampled"] = evals[step]
       rec.update((noise or {}).get(step, {}))
@@ -66,7 +68,7 @@ def _sweep(tmp_path):
     _write_run(tmp_path / "a_auto" / f"seed{seed}", curve(SHIFT["a_auto"][seed]), r=2, n=8,
                noise=NOISE, auto=AUTO)
     _write_run(tmp_path / "b_auto" / f"seed{seed}", curve(SHIFT["b_auto"][seed]), r=2, n=8,
-               gen_s=1.0, noise={4: {"noise/alpha": 0.1, "noise/rho": 0.5}}, auto=AUTO)
+               gen_s=1.0, gen_f=10.0, noise={4: {"noise/alpha": 0.1, "noise/rho": 0.5}}, auto=AUTO)
   configs = []
   for g in ("a", "b"):
     configs += [dict(name=f"{g}_onpolicy", regime=g, role="onpolicy"),
@@ -87,13 +89,16 @@ def test_constants_theory_and_decisions_with_known_answers(tmp_path):
   runs, missing = load_runs(s, str(tmp_path))
   assert not missing
   a, b = regime_map.regimes_of(s, runs)
-  # μ = (0.1 s / 2 rollouts) / (0.2 s / 4 samples) = 1; α median of 0.2, 0.3 (NaN left out)
-  assert a.constants == [{"mu": pytest.approx(1.0), "alpha": pytest.approx(0.25),
-                          "rho": pytest.approx(0.1), "estimates": 3}] * 3
-  assert b.median["mu"] == pytest.approx(10.0)
-  assert a.design == pytest.approx(theory.power_law_design_bounded(1.0, 0.1, 0.25, (1, 8),
+  # μ (time) = (0.1 s / 2 rollouts) / (0.2 s / 4 samples) = 1; μ (FLOPs) = 0.5 / 1.0;
+  # α median of 0.2, 0.3 (NaN left out)
+  assert a.constants == [{"mu_flops": pytest.approx(0.5), "mu": pytest.approx(1.0),
+                          "alpha": pytest.approx(0.25), "rho": pytest.approx(0.1),
+                          "estimates": 3}] * 3
+  assert b.median["mu"] == pytest.approx(10.0) and b.median["mu_flops"] == pytest.approx(10.0)
+  # the theory reads μ (FLOPs), not the load-dependent μ (time)
+  assert a.design == pytest.approx(theory.power_law_design_bounded(0.5, 0.1, 0.25, (1, 8),
                                                                    (1, 4)))
-  # the closed form's y* at μ = 1 is 0.854 < 1: the box's y is 1, on-policy
+  # the closed form's y* at μ = 0.5 is below 1: the box's y is 1, on-policy
   assert a.design[1] == pytest.approx(1.0) and a.theory_says_replay() is False
   # at μ = 10, α = 0.1, ρ = 0.5: y* = (−0.1 + √(0.01 + 10·0.5·0.8))/0.5 = 3.805 (inside)
   assert b.design[1] == pytest.approx((-0.1 + math.sqrt(0.01 + 4.0)) / 0.5, rel=1e-6)
@@ -173,6 +178,26 @@ def test_registered_y_star_prediction_is_scored_and_counted_in_the_line(tmp_path
         "zz": {"predicted": (2, 2, 2, 2)}}}}, runs)
 
 
+def test_a_configuration_with_fewer_than_two_seeds_waits_and_counts_in_seeds_min(tmp_path):
+  """A configuration the file lists with one seed run (or none) is left out of the evidence
+  and named as pending; the study line's seeds_min is the file's fewest (here 1), while the
+  simulations use the seeds of the configurations in the evidence (3)."""
+  s = _sweep(tmp_path)
+  _write_run(tmp_path / "a_new" / "seed0", [v + OFFSET[0] for v in BASE], r=2, n=8)
+  s = {**s, "configurations": s["configurations"] + [
+      dict(name="a_new", regime="a", role="fixed"), dict(name="b_new", regime="b", role="fixed")]}
+  runs, _ = load_runs(s, str(tmp_path))
+  a, b = regime_map.regimes_of(s, runs)
+  assert a.pending == {"a_new": 1} and b.pending == {"b_new": 0}
+  assert "a_new" not in a.evidence.vs_reference and a.seeds() == 3 and a.seeds_file() == 1
+  study = regime_map.study_of([a, b], n_sims=200)
+  assert study.n_seeds == 3 and study.seeds_min == 0
+  assert " seeds_min=0 " in study.line()
+  intro = " ".join(regime_map._intro(s, study))
+  assert "(2 regimes × 3 seeds; seeds per configuration: a 3, b 3;" in intro
+  assert "fewer than 2 of the file's 3 seeds run): `a_new` (1), `b_new` (0)." in intro
+
+
 def test_round_design():
   assert regime_map.round_design(3.4, 1.6) == (3, 2)
   assert regime_map.round_design(0.5, 0.9) == (1, 1)
@@ -196,8 +221,9 @@ def test_map_is_spliced_into_the_page_and_kept_by_the_single_regime_report(tmp_p
   text = md.read_text()
   assert paths[0] == str(md) and os.path.getsize(paths[1]) > 5000
   assert text.index("## Where replay pays") < text.index("## Figures") and "OLD-FIGURES" in text
-  # μ on-policy: (0.1 s / 4 rollouts) / (0.2 s / 4 samples) = 0.5
-  assert ("| a | 1.00 [1.00, 1.00] | 0.50 [0.50, 0.50] | 0.25 [0.25, 0.25] | 0.10 [0.10, 0.10] "
+  # μ (FLOPs) 0.5, μ (time) 1; μ (time) on-policy: (0.1 s / 4 rollouts) / (0.2 s / 4 samples)
+  assert ("| a | 0.50 [0.50, 0.50] | 1.00 [1.00, 1.00] | 0.50 [0.50, 0.50] | 0.25 [0.25, 0.25] "
+          "| 0.10 [0.10, 0.10] "
           "| (1.00, 1.00) | 1.00 [1.00, 1.00] | `a_auto` | +0.103 [0.089, 0.118] | ") in text
   assert "| **yes** | -0.047 [" in text  # a: replay pays; self-tuning − best fixed
   assert "| `b_auto` | +0.000 [-0.025, 0.025] | 0.500 | not shown |" in text
@@ -257,7 +283,7 @@ def test_readme_headline_becomes_the_map(tmp_path):
   assert block[2].startswith("**Where replay pays**, `configs/sweep/where_replay_pays.py` "
                              "(2 regimes × 3 seeds): ") and h["map"]["summary"] in block[2]
   assert block[4] == "| " + " | ".join(report.MAP_COLUMNS) + " |"
-  assert block[6].startswith("| a | 1.00 [1.00, 1.00] | 0.25 [0.25, 0.25] |")
+  assert block[6].startswith("| a | 0.50 [0.50, 0.50] | 1.00 [1.00, 1.00] | 0.25 [0.25, 0.25] |")
   assert block[-3].startswith(f"Study: `{h['map']['line']}`.")
   assert f"at a rate of {h['map']['rules']['first_crossing']} under" in block[-3]
 
@@ -277,3 +303,19 @@ def test_one_direction_of_imports():
       assert not re.search(rf"^\s*(from jaxreplay(\.study)? import .*\b{b}\b|"
                            rf"from jaxreplay(\.study)?\.{b} import|import jaxreplay(\.study)?\.{b})",
                            src, re.M), (mod, b)
+
+
+def test_eval_noise_sentence_reads_the_bench_result(tmp_path):
+  p = tmp_path / "noise.json"
+  p.write_text(json.dumps({
+      "run": "r", "seed": 0, "keys": 8, "examples": 400, "samples_per_example": 4,
+      "base": {"step": 0, "sd_acc_sampled": 0.0093, "sd_acc_greedy": 0.0},
+      "final": {"step": 240, "sd_acc_sampled": 0.0096, "sd_acc_greedy": 0.0},
+      "provenance": {"date": "2026-12-04"}}))
+  s = regime_map.eval_noise_sentence(str(p), 0.020)
+  assert "SD 0.009 at the warm start and 0.010 at step 240" in s
+  assert "of the jitter 0.020 the rest is the policy moving" in s
+  assert regime_map.eval_noise_sentence(str(tmp_path / "absent.json"), 0.02) == ""
+  p.write_text(json.dumps({"run": "r"}))
+  with pytest.raises(ValueError, match="not a bench/eval_noise.py result"):
+    regime_map.eval_noise_sentence(str(p), 0.02)

@@ -345,3 +345,64 @@ def test_regime_map_and_archive_errors_name_the_field(tmp_path):
     sweep.load_sweep(str(bad))
   with pytest.raises(sweep.SweepError, match=r"--import-runs .*nope\.tar\.xz: cannot read it"):
     sweep.import_runs(str(tmp_path), str(tmp_path / "nope.tar.xz"))
+
+
+@pytest.mark.slow
+def test_archive_carries_the_warm_start_and_verify_reruns_bit_identically(smoke, tmp_path):
+  """The smoke sweep exported with its base policy, imported elsewhere, and its on-policy
+  run re-run by ``--verify`` from the archived weights: on this machine every evaluation
+  is bit-identical; the archive's base policy is written once and never rewritten."""
+  wd, rc, _, _ = smoke
+  assert rc == 0
+  s = sweep.load_sweep(SMOKE)
+  archive = str(tmp_path / "smoke.tar.xz")
+  assert sweep.export_runs(s, wd, archive) == 2
+  assert sweep.export_base_policies(s, wd, archive) == 1
+  (bp,) = os.listdir(tmp_path / "smoke.base_policies")
+  mtime = os.path.getmtime(tmp_path / "smoke.base_policies" / bp)
+  assert sweep.export_base_policies(s, wd, archive) == 0  # already archived: left alone
+  assert os.path.getmtime(tmp_path / "smoke.base_policies" / bp) == mtime
+  dst = str(tmp_path / "elsewhere")
+  rc, out = _sweep("--workdir", dst, "--import-runs", archive, "--verify", "^onpolicy/seed0$")
+  assert "imported 2 runs and 1 base policies" in out
+  assert os.path.exists(os.path.join(dst, "base_policies", bp[:-len(".tar.xz")], "info.json"))
+  line = next(x for x in out.splitlines() if x.startswith("verify onpolicy seed0: rerun −"))
+  assert "rerun − archive AUC +0.0000" in line and "3/3 evaluations identical" in line, out
+  assert "bit-identical" in line and rc == 0
+  assert out.rstrip().splitlines()[-1] == "verify runs=1 identical=1 within_band=1"
+  rc, out = _sweep("--workdir", dst, "--verify", "^nothing/")
+  assert rc == 2
+
+
+def test_verify_compares_a_rerun_with_its_archive(tmp_path):
+  """Hand-made runs: a copy is bit-identical; a rerun 0.01 higher at every evaluation after
+  step 0 differs in AUC by about 0.01 (less: step 0 is shared) and is judged by the band."""
+  from jaxreplay.study import verify
+  from jaxreplay.study.runs import RunData
+  evals = {0: 0.1, 2: 0.3, 4: 0.5, 6: 0.55, 8: 0.6}
+  _write_run(tmp_path / "a", evals)
+  _write_run(tmp_path / "b", evals)
+  _write_run(tmp_path / "c", {k: v + (0.01 if k else 0.0) for k, v in evals.items()})
+  a, b, c = (RunData(str(tmp_path / x), "cfg", "cfg", 0) for x in "abc")
+  same = verify.compare(a, b, 0.02)
+  assert same.bit_identical and same.diff == 0.0 and same.within and same.evals == 5
+  moved = verify.compare(a, c, 0.02)
+  assert moved.identical == 1 and moved.max_abs_diff == pytest.approx(0.01)
+  assert 0.005 < moved.diff < 0.01 and moved.band == pytest.approx(1.959964 * 0.02)
+  assert moved.within and "within the band ±0.039" in moved.line()
+  tight = verify.compare(a, c, 0.001)
+  assert not tight.within and "OUTSIDE the band" in tight.line()
+  assert not verify.compare(a, c).within  # no noise model: only bit-identical passes
+  assert verify.summary_line([same, moved, tight]) == "verify runs=3 identical=1 within_band=2"
+
+
+def test_import_base_policies_refuses_a_member_outside_its_key(tmp_path):
+  import tarfile
+  d = tmp_path / "runs.base_policies"
+  d.mkdir()
+  (tmp_path / "x.json").write_text("{}")
+  with tarfile.open(d / "abc.tar.xz", "w:xz") as tar:
+    tar.add(tmp_path / "x.json", arcname="other/x.json")
+  with pytest.raises(sweep.SweepError, match="unexpected member 'other/x.json'"):
+    sweep.import_base_policies(str(tmp_path / "wd"), str(tmp_path / "runs.tar.xz"))
+  assert sweep.import_base_policies(str(tmp_path / "wd"), str(tmp_path / "none.tar.xz")) == 0

@@ -154,6 +154,8 @@ def get_config():
       target_last=3,   # a run's final accuracy: the mean of its last 3 evaluations
       x_bounds=(1.0, 8.0), y_bounds=(1.0, 4.0),
       y_star_mus=MUS,
+      # evaluation noise at fixed parameters: bench/eval_noise.py --run lr5e-5_onpolicy
+      eval_noise="data/sweeps/where_replay_pays.eval_noise.json",
       y_star_test={k: {"predicted": v["predicted"]} for k, v in Y_STAR_TEST.items()},
   ))
   return c
