@@ -205,11 +205,12 @@ class Study:
 
   Attributes:
     regimes: [Regime] with evidence. noise: ``null.NoiseModel`` fitted to all their runs.
-    rates: [``evidence.RuleRates``] of every rule at the study's design. n_seeds: the
-    fewest seeds of any configuration with evidence. n_buffers: the most buffers of a regime.
-    sd_d: SD of one seed's AUC difference under the noise model. detectable: the smallest
-    AUC difference the "replay pays" rule detects with ``null.POWER`` at ``n_seeds``.
-    detectable_saving: {regime: the token saving that difference is, NaN above 95%}.
+    rates: [``evidence.RuleRates``] of every rule at each regime's design. n_seeds:
+    {regime: the fewest seeds of its configurations with evidence}. n_buffers: {regime: its
+    buffers with evidence, the Bonferroni k}. sd_d: SD of one seed's AUC difference under
+    the noise model. detectable: {regime: the smallest AUC difference the "replay pays"
+    rule detects there with ``null.POWER``}. detectable_saving: {regime: the token saving
+    that difference is on its on-policy curve, NaN above 95%}.
     n_sims: simulated studies per rate. seeds_min: the fewest seeds of any configuration
     of any regime the sweep file lists, run or not (the study line's; -1: ``n_seeds``).
   """
@@ -217,10 +218,10 @@ class Study:
   regimes: list
   noise: null.NoiseModel
   rates: list
-  n_seeds: int
-  n_buffers: int
+  n_seeds: dict
+  n_buffers: dict
   sd_d: float
-  detectable: float
+  detectable: dict
   detectable_saving: dict
   n_sims: int
   seeds_min: int = -1
@@ -240,7 +241,7 @@ class Study:
     checks = [c for g in self.regimes for c in g.checks]
     reg = [c for c in checks if c.registered]
     agree = sum(c.agree_predicted for c in reg) if reg else sum(c.agree for c in checks)
-    seeds = self.n_seeds if self.seeds_min < 0 else self.seeds_min
+    seeds = min(self.n_seeds.values()) if self.seeds_min < 0 else self.seeds_min
     return (f"regimes={len(self.regimes)} seeds_min={seeds} "
             f"null_fpr_max={self.fpr_max:.3f} y_star_checks={len(reg or checks)} "
             f"y_star_agree={agree}")
@@ -262,17 +263,17 @@ def study_of(regimes: list[Regime], n_sims: int = 4000, seed: int = 0) -> Study:
   done = [g for g in regimes if g.evidence is not None]
   if not done:
     raise ValueError("no regime has on-policy runs")
-  n_seeds = min(g.seeds() for g in done)
-  if n_seeds < 2:
-    raise ValueError(f"a configuration has {n_seeds} seed(s): paired statistics need 2")
+  n_seeds = {g.name: g.seeds() for g in done}
+  if min(n_seeds.values()) < 2:
+    raise ValueError(f"seeds per regime {n_seeds}: paired statistics need 2")
   noise = noise_of(done)
   curves = {g.name: evidence.mean_curve(g.runs[g.reference]) for g in done}
-  n_buffers = max(g.evidence.n_tests for g in done)
+  n_buffers = {g.name: max(g.evidence.n_tests, 1) for g in done}
   rates = evidence.rule_table(noise, curves, n_buffers, n_seeds, n_sims, seed)
   sd_d = null.auc_difference_sd(noise)
-  det = null.detectable_difference(sd_d, n_seeds, n_buffers)
+  det = {g: null.detectable_difference(sd_d, n_seeds[g], n_buffers[g]) for g in curves}
   return Study(done, noise, rates, n_seeds, n_buffers, sd_d, det,
-               {g: null.saving_for_gain(f, det) for g, f in curves.items()}, n_sims,
+               {g: null.saving_for_gain(f, det[g]) for g, f in curves.items()}, n_sims,
                min(g.seeds_file() for g in regimes))
 
 
@@ -288,14 +289,21 @@ def _lead_phrase(g: Regime) -> str:
   return f"`{ev.lead}`, {tables.fmt_diff(c.auc)}" if c else "no buffer"
 
 
+def _span(v) -> str:
+  """"3" or "3–6": the range of some counts."""
+  v = sorted(set(v))
+  return f"{v[0]}" if len(v) == 1 else f"{v[0]}–{v[-1]}"
+
+
 def summary_sentences(study: Study) -> str:
   """The map in three sentences (the README's headline states them)."""
   gs, s = study.regimes, study
   pays = [g for g in gs if g.evidence.pays]
   rule = s.rule("auc_bonferroni")
-  first = (f"Paired by seed ({s.n_seeds} seeds, one warm start each), a buffer's mean held-out "
-           f"accuracy over on-policy's log-token budget (AUC) beats on-policy's by the rule "
-           f"below (one-sided t at 5%/{s.n_buffers}, false-positive rate "
+  first = (f"Paired by seed ({_span(s.n_seeds.values())} seeds, one warm start each), a "
+           f"buffer's mean held-out accuracy over on-policy's log-token budget (AUC) beats "
+           f"on-policy's by the rule below (one-sided t at 5%/k, k the regime's buffers, "
+           f"false-positive rate "
            f"{tables.fmt(rule.fpr_max, 3)} under the runs' own noise) in {len(pays)} of "
            f"{len(gs)} regimes")
   if pays:
@@ -307,13 +315,15 @@ def summary_sentences(study: Study) -> str:
   span = lambda n: "more than 64" if n == math.inf else str(n)  # noqa: E731
   need_txt = ("–" if not need else span(need[0]) if need[0] == need[-1] else
               f"{span(need[0])} to {span(need[-1])}")
-  sav = ", ".join(f"{tables.fmt(100 * v, 0)}% ({g})" if v == v else f"more than 95% ({g})"
-                  for g, v in sorted(s.detectable_saving.items(), key=lambda kv: (
-                      kv[1] != kv[1], kv[1])))
-  second = (f"The study is underpowered: with {s.n_seeds} seeds the smallest AUC difference it "
-            f"detects 4 times in 5 is {tables.fmt(s.detectable, 3)}, which on the regimes' "
-            f"on-policy curves is a token saving of {sav}; a {null.SAVING:.0%} saving needs "
-            f"{need_txt} seeds")
+  det = "; ".join(
+      f"{tables.fmt(s.detectable[g], 3)} at {g} ({s.n_seeds[g]} seeds, k = {s.n_buffers[g]}), "
+      + (f"a token saving of {tables.fmt(100 * v, 0)}%" if v == v else
+         "a token saving of more than 95%")
+      for g, v in sorted(s.detectable_saving.items(), key=lambda kv: (kv[1] != kv[1], kv[1])))
+  small = all(v == v and v <= null.SAVING for v in s.detectable_saving.values())
+  second = (("The study resolves" if small else "The study is underpowered") +
+            f": the smallest AUC difference it detects 4 times in 5 on the regimes' on-policy "
+            f"curves is {det}; a {null.SAVING:.0%} saving needs {need_txt} seeds")
   short = [g for g in gs if g.evidence.auto_short]
   with_auto = [g for g in gs if g.evidence.auto_short is not None]
   checks = [c for g in gs for c in g.checks]
@@ -349,10 +359,8 @@ def _regime_row(g: Regime) -> list[str]:
 
 
 def _intro(sweep: dict, study: Study) -> list[str]:
-  n = study.n_buffers
-  def span(v):
-    v = sorted(set(v))
-    return f"{v[0]}" if len(v) == 1 else f"{v[0]}–{v[-1]}"
+  span = _span
+  ks = ", ".join(f"{g} {k}" for g, k in study.n_buffers.items())
   counts = {g.name: [len(rs) for rs in g.runs.values() if rs] for g in study.regimes}
   per = ", ".join(f"{k} {span(v)}" for k, v in counts.items())
   pending = [f"`{n}` ({k})" for g in study.regimes for n, k in g.pending.items()]
@@ -376,8 +384,8 @@ def _intro(sweep: dict, study: Study) -> list[str]:
       "seeds on which the configuration is ahead.",
       "",
       f"Decisions (rules and their simulated false-positive rates below): **replay pays** "
-      f"when one of the regime's {n} buffers has an AUC above on-policy's by a one-sided "
-      f"paired t test at 5%/{n}; **self-tuning falls short** when its AUC is below the best "
+      f"when one of the regime's k buffers ({ks}) has an AUC above on-policy's by a one-sided "
+      f"paired t test at 5%/k; **self-tuning falls short** when its AUC is below the best "
       "fixed configuration's (highest mean AUC, on-policy included) by the same test at "
       "5%/k, k the fixed configurations it is chosen from. μ, α, ρ: median [IQR] over the "
       "self-tuning runs' seeds (μ (FLOPs) from the ledger's FLOP counts, a property of the "
@@ -448,7 +456,9 @@ def _noise_lines(study: Study, eval_noise: str | None = None) -> list[str]:
       f"{fmt(m.run)} (analysis of variance of the runs' AUC, {m.df_seed} and {m.df_run} "
       f"degrees of freedom). One seed's AUC difference between two runs then has SD "
       f"{fmt(study.sd_d)}. Each rule is simulated {study.n_sims} times on curves drawn from "
-      f"this model with {study.n_seeds} seeds, on-policy and {study.n_buffers} buffers, "
+      "this model with each regime's seeds and buffers ("
+      + ", ".join(f"{g}: {study.n_seeds[g]} seeds, {study.n_buffers[g]} buffers"
+                  for g in study.n_seeds) + "), "
       f"evaluations every 1/{len(null.EVAL_GRID) - 1} of the budget and each regime's "
       "on-policy mean curve (its saturating fit): "
       "all curves equal (false-positive rate; the best of the buffers is what each rule "

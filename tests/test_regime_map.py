@@ -13,7 +13,7 @@ import pytest
 from scipy import stats as sps
 
 from jaxreplay import regime_map, report, theory
-from jaxreplay.study import evidence, tables
+from jaxreplay.study import evidence, null, tables
 from jaxreplay.study.runs import load_runs
 
 BASE = [0.30, 0.36, 0.40, 0.43, 0.45, 0.46, 0.47]  # accuracy every 20 generated tokens
@@ -191,7 +191,11 @@ def test_a_configuration_with_fewer_than_two_seeds_waits_and_counts_in_seeds_min
   assert a.pending == {"a_new": 1} and b.pending == {"b_new": 0}
   assert "a_new" not in a.evidence.vs_reference and a.seeds() == 3 and a.seeds_file() == 1
   study = regime_map.study_of([a, b], n_sims=200)
-  assert study.n_seeds == 3 and study.seeds_min == 0
+  assert study.n_seeds == {"a": 3, "b": 3} and study.seeds_min == 0
+  # each regime is simulated and judged at its own design: k = its buffers with evidence
+  assert study.n_buffers == {"a": 2, "b": 2} == {g.name: g.evidence.n_tests for g in (a, b)}
+  assert study.detectable["a"] == pytest.approx(null.detectable_difference(study.sd_d, 3, 2))
+  assert " at a (3 seeds, k = 2), a token saving of " in regime_map.summary_sentences(study)
   assert " seeds_min=0 " in study.line()
   intro = " ".join(regime_map._intro(s, study))
   assert "(2 regimes × 3 seeds; seeds per configuration: a 3, b 3;" in intro

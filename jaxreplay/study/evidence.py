@@ -252,21 +252,25 @@ def mean_curve(runs) -> callable:
     return lambda t: np.interp(t, grid, m)
 
 
-def rule_table(noise: null.NoiseModel, curves: Mapping[str, callable], n_buffers: int,
-               n_seeds: int, n_sims: int = 4000, seed: int = 0) -> list[RuleRates]:
-  """``RuleRates`` of every rule of ``null.RULES`` at ``n_buffers`` buffers and ``n_seeds``
-  seeds, per regime's mean curve (``curves``: {regime: f}); ``n_sims`` simulated studies
-  per rate (half that per step of the search for the seeds a used rule needs)."""
-  k = n_buffers + 1
+def rule_table(noise: null.NoiseModel, curves: Mapping[str, callable],
+               n_buffers: int | Mapping[str, int], n_seeds: int | Mapping[str, int],
+               n_sims: int = 4000, seed: int = 0) -> list[RuleRates]:
+  """``RuleRates`` of every rule of ``null.RULES`` per regime's mean curve (``curves``:
+  {regime: f}) at its ``n_buffers`` buffers and ``n_seeds`` seeds (one int for every
+  regime, or {regime: int}); ``n_sims`` simulated studies per rate (half that per step of
+  the search for the seeds a used rule needs)."""
+  nb = n_buffers if isinstance(n_buffers, Mapping) else {g: n_buffers for g in curves}
+  ns = n_seeds if isinstance(n_seeds, Mapping) else {g: n_seeds for g in curves}
   out = []
   for name, rule in null.RULES.items():
     fpr, power, need = {}, {}, {}
     for g, f in curves.items():
-      fpr[g] = null.rate(rule, noise, f, [0.0] * k, n_seeds, n_sims, seed)
-      power[g] = null.rate(rule, noise, f, null.savings_one(k, null.SAVING), n_seeds, n_sims, seed)
+      k, n = nb[g] + 1, ns[g]
+      fpr[g] = null.rate(rule, noise, f, [0.0] * k, n, n_sims, seed)
+      power[g] = null.rate(rule, noise, f, null.savings_one(k, null.SAVING), n, n_sims, seed)
       if name in USED:
         need[g] = null.seeds_for_power(rule, noise, f, null.savings_one(k, null.SAVING),
-                                       start=n_seeds, n_sims=max(n_sims // 2, 1), seed=seed)
+                                       start=n, n_sims=max(n_sims // 2, 1), seed=seed)
     out.append(RuleRates(rule, fpr, power, need, USED.get(name, "")))
   return out
 
