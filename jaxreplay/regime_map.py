@@ -150,7 +150,7 @@ class Regime:
     """The self-tuning runs' last knobs, number of changes, seconds spent estimating and
     seconds of generation + training + evaluation + estimation (per seed lists)."""
     out = {"R": [], "max_staleness": [], "changes": [], "y": [], "x": [], "estimate_s": [],
-           "wall_s": []}
+           "wall_s": [], "mu_source": []}
     for n in self.by_role["auto"]:
       for r in self.runs[n]:
         recs = [e for e in r.records if "auto/R" in e]
@@ -165,6 +165,8 @@ class Regime:
         out["y"].append(b / R)
         out["x"].append(s + 1 if s >= 0 else r.cfg("buffer.capacity", 0) / R)
         out["changes"].append(sum(int(e.get("auto/changed", 0)) for e in r.records))
+        # runs from before the controller read FLOPs steered by wall time
+        out["mu_source"].append(r.cfg("auto_replay.mu_source", "time"))
         out["estimate_s"].append(sum(e.get("auto/estimate_s", 0.0) for e in r.records))
         out["wall_s"].append(sum(last.get(k, 0.0) for k in ("generate_s", "train_s", "eval_s"))
                              + out["estimate_s"][-1])
@@ -545,14 +547,16 @@ def _controller_lines(gs: list[Regime]) -> list[str]:
     if not k["R"]:
       continue
     share = [e / w if w else float("nan") for e, w in zip(k["estimate_s"], k["wall_s"])]
+    src = ", ".join(f"{m} ({k['mu_source'].count(m)})" for m in sorted(set(k["mu_source"])))
     rows.append([g.name, fq(k["R"], 0), fq(k["y"], 2), fq(k["x"], 1), fq(k["changes"], 0),
-                 fq(k["estimate_s"], 0), fq(share, 2)])
+                 fq(k["estimate_s"], 0), fq(share, 2), src])
   if not rows:
     return []
   return ["The self-tuning runs' last setting (median [IQR] over seeds) and how often the "
           "controller changed it:", ""] + tables.table(
               ["regime", "R (rollouts per step)", "y = B/R", "x (steps kept)", "changes",
-               "estimating (s)", "estimating, share of the run's phases"], rows) + [""]
+               "estimating (s)", "estimating, share of the run's phases",
+               "μ the controller steered by (seeds)"], rows) + [""]
 
 
 def splice_map(text: str, block: Sequence[str], footer: str | None = None) -> str:

@@ -125,6 +125,7 @@ def test_constants_theory_and_decisions_with_known_answers(tmp_path):
   k = a.controller()
   assert k["R"] == [2.0] * 3 and k["y"] == [2.0] * 3 and k["x"] == [4.0] * 3
   assert k["changes"] == [1] * 3
+  assert k["mu_source"] == ["time"] * 3  # the hand-made config.json names none: wall time
 
 
 def test_y_star_checks_on_the_compute_axis(tmp_path):
