@@ -460,7 +460,7 @@ def import_base_policies(workdir: str, path: str) -> int:
                            f"(not the base policy {key})")
       os.makedirs(os.path.dirname(dst), exist_ok=True)
       tmp = tempfile.mkdtemp(dir=os.path.dirname(dst))  # same disk: the rename is atomic
-      tar.extractall(tmp, members=members)
+      tar.extractall(tmp, members=members, filter="data")
     shutil.rmtree(dst, ignore_errors=True)
     os.replace(os.path.join(tmp, key), dst)
     shutil.rmtree(tmp, ignore_errors=True)
