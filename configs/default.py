@@ -137,10 +137,12 @@ def get_config():
   # sampler's.
   # batch_rows: decode slots of the evaluation engine (and rows per entropy pass); its KV
   # cache and logits set evaluation's memory (bench/memory_plan.py).
+  # record: questions whose completions each evaluation writes to samples/eval_STEP.jsonl
+  # (greedy and sampled; the same questions every time; 0 = none).
   c.eval = config_dict.ConfigDict(dict(every=25, num_examples=1000, samples_per_example=4,
                                        batch_rows=1024,
                                        temperature=config_dict.placeholder(float),
-                                       top_p=config_dict.placeholder(float)))
+                                       top_p=config_dict.placeholder(float), record=16))
   # Drift monitor: every ``every`` steps (0 = off) score ``num_samples`` buffer items under
   # the current policy: KL(behaviour ‖ current), IS effective sample size, reward by staleness.
   c.drift = config_dict.ConfigDict(dict(every=10, num_samples=256))
@@ -153,7 +155,12 @@ def get_config():
   # weights, and data/fsdp/tensor describe the learner mesh over the rest.
   c.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, tensor=1, generator_devices=0,
                                        generator_tensor=1))
-  c.log = config_dict.ConfigDict(dict(progress=True, tensorboard=True))
+  # record_every: learner steps between samples/train_STEP.jsonl files of record_rollouts
+  # trained rollouts (text, reward, advantage, staleness, importance ratio); unset = eval.every,
+  # 0 = none. progress=False silences every progress bar.
+  c.log = config_dict.ConfigDict(dict(progress=True, tensorboard=True,
+                                      record_every=config_dict.placeholder(int),
+                                      record_rollouts=4))
   # Multi-process jobs (TPU pods, GPU nodes under SLURM, local processes): with
   # initialize=True the entry point calls jax.distributed.initialize with these fields;
   # the unset ones JAX detects from the environment (TPU metadata, SLURM_* variables).

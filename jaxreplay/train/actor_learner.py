@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from jaxreplay.replay import rate_limiter as rate_lib
 from jaxreplay.train import carry as carry_lib
-from jaxreplay.train import generation
+from jaxreplay.train import generation, samples
 from jaxreplay.train.carry import Carry
 from jaxreplay.train.ledger import Ledger
 from jaxreplay.train.record import record_step
@@ -221,6 +221,9 @@ def train_async(run, carry: Carry) -> Carry:
         t1 = time.time()
 
         # --- SAMPLE + UPDATE ---------------------------------------------------------------
+        trained = samples.peek_trained(run, carry.state.params, gen.buffer,
+                                       jax.random.fold_in(carry.key, step), carry.state.step,
+                                       step + 1)
         state, gen.buffer, metrics = run.fns.learner_step(carry.state, gen.buffer,
                                                       jax.random.fold_in(carry.key, step))
         metrics = jax.device_get(metrics)
@@ -242,7 +245,7 @@ def train_async(run, carry: Carry) -> Carry:
                  "limiter_sampled": int(gen.limiter_state.sampled),
                  "rollouts_since_last_step": len(pending) * run.rollout.per_step}
         gen_metrics = generation.mean_metrics(pending)
-        carry = record_step(run, carry, metrics, gen_metrics, extra)
+        carry = record_step(run, carry, metrics, gen_metrics, extra, trained=trained)
         bar.set_postfix(reward=f"{gen_metrics.get('reward', float('nan')):.2f}",
                         acc=f"{carry.last_eval['acc_sampled']:.2f}", refresh=False)
         gen.cond.notify_all()

@@ -44,6 +44,7 @@ from jaxreplay.tasks import Task, make_task
 from jaxreplay.tasks.spec import TaskSpec
 from jaxreplay.train import accounting
 from jaxreplay.train import checkpoint as ckpt_lib
+from jaxreplay.train import samples as samples_lib
 from jaxreplay.train.carry import Carry
 from jaxreplay.train.data import PromptStream
 from jaxreplay.train.drift import make_drift_fn
@@ -53,6 +54,7 @@ from jaxreplay.train.learner import LearnerFns, make_inserter, make_learner_step
 from jaxreplay.train.ledger import Ledger, Timers
 from jaxreplay.train.metrics import MetricWriter
 from jaxreplay.train.policy import HFTextIO, TextIO
+from jaxreplay.train.progress import phase
 from jaxreplay.train.spec import (CheckpointSpec, DriftSpec, EvalSpec, RolloutSpec, TrainSpec,
                                   WarmstartSpec)
 from jaxreplay.train.warmstart import base_policy_key, load_or_train_base_policy
@@ -94,6 +96,8 @@ class Run:
       the learner-side functions for another R or age cut-off (built once per pair, then
       reused); else None. ``rollout``, ``buffer``, ``source`` and ``fns`` are the ones in
       force: the controller replaces them (``self_tuning.apply``).
+    record_every: learner steps between ``samples/train_STEP.jsonl`` files (0 = none;
+      ``log.record_every``, unset: ``eval.every``).
   """
 
   train: TrainSpec
@@ -127,6 +131,7 @@ class Run:
   writer: MetricWriter
   auto_replay: AutoReplaySpec = AutoReplaySpec()
   learner_fns: Callable[..., LearnerFns] | None = None
+  record_every: int = 0
 
   @property
   def is_async(self) -> bool:
@@ -135,7 +140,7 @@ class Run:
 
 
 def load_policy(model: ModelSpec, task_spec: TaskSpec, warmstart: WarmstartSpec, task, *,
-                seed: int, max_new_tokens: int, log=print, mesh=None):
+                seed: int, max_new_tokens: int, log=print, mesh=None, progress: bool = False):
   """The starting policy and its text I/O, by ``model.source``.
 
   ``builtin``: the byte-level BPE tokenizer and the small decoder of ``model``,
@@ -153,6 +158,8 @@ def load_policy(model: ModelSpec, task_spec: TaskSpec, warmstart: WarmstartSpec,
     model, task_spec, warmstart: the section specs. task: the built task (its train split
       trains the tokenizer and the warm start). seed: the run's seed. max_new_tokens: the
       sampler's longest completion. log: message sink. mesh: optional device mesh.
+    progress: progress bars for loading and the warm start (``log.progress``); each phase's
+      duration is logged either way.
 
   Returns:
     (io: TextIO, graphdef, params: nnx.State, info dict with at least ``path``).
@@ -169,10 +176,11 @@ def load_policy(model: ModelSpec, task_spec: TaskSpec, warmstart: WarmstartSpec,
     io = HFTextIO.from_pretrained(model.path, task_spec.prompt_width, task_spec.on_too_long,
                                   chat=task_spec.chat_template,
                                   system_prompt=task_spec.system_prompt)
-    _, graphdef, params = hf_models.from_pretrained(model.path, mesh=mesh, dtype=model.dtype,
-                                                    param_dtype=model.param_dtype,
-                                                    scan_layers=model.scan_layers,
-                                                    remat=model.remat)
+    with phase("model load", enabled=progress, log=log):
+      _, graphdef, params = hf_models.from_pretrained(model.path, mesh=mesh, dtype=model.dtype,
+                                                      param_dtype=model.param_dtype,
+                                                      scan_layers=model.scan_layers,
+                                                      remat=model.remat)
     log(f"loaded {model.path}")
     return io, graphdef, params, {"path": os.path.abspath(model.path), "cached": True}
   if model.source == "gguf":
@@ -180,10 +188,11 @@ def load_policy(model: ModelSpec, task_spec: TaskSpec, warmstart: WarmstartSpec,
     io = HFTextIO.from_tokenizer(HFTokenizer.from_gguf(model.path), task_spec.prompt_width,
                                  task_spec.on_too_long, chat=task_spec.chat_template,
                                  system_prompt=task_spec.system_prompt, origin=model.path)
-    _, graphdef, params = gguf_models.from_pretrained(model.path, mesh=mesh, dtype=model.dtype,
-                                                      param_dtype=model.param_dtype,
-                                                      scan_layers=model.scan_layers,
-                                                      remat=model.remat)
+    with phase("model load and conversion", enabled=progress, log=log):
+      _, graphdef, params = gguf_models.from_pretrained(model.path, mesh=mesh, dtype=model.dtype,
+                                                        param_dtype=model.param_dtype,
+                                                        scan_layers=model.scan_layers,
+                                                        remat=model.remat)
     log(f"loaded {model.path}")
     return io, graphdef, params, {"path": gguf_models.resolve_gguf_path(model.path),
                                   "cached": True}
@@ -194,7 +203,7 @@ def load_policy(model: ModelSpec, task_spec: TaskSpec, warmstart: WarmstartSpec,
   io = TextIO.create(tok, task_spec.prompt_width, task_spec.on_too_long)
   graphdef, params, info = load_or_train_base_policy(model, warmstart, io, task, key=key,
                                                      seed=seed, max_new_tokens=max_new_tokens,
-                                                     log=log, mesh=mesh)
+                                                     log=log, mesh=mesh, progress=progress)
   return io, graphdef, params, info
 
 
@@ -266,15 +275,19 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
   # --- task, tokenizer, starting policy --------------------------------------------------
   samp, algo, m = c.sampler, c.algo, c.sampler.max_new_tokens
   io, graphdef, params, base_info = load_policy(c.model, c.task, c.warmstart, task, seed=c.seed,
-                                                max_new_tokens=m, log=log, mesh=mesh)
+                                                max_new_tokens=m, log=log, mesh=mesh,
+                                                progress=c.log.progress)
   if c.model.source == "builtin" and multihost.is_primary():
     # the run's own copy of its tokenizer: ``jaxreplay.export`` reads it from here
     ckpt_lib.write_atomic(os.path.join(workdir, "tokenizer.json"), io.tok.to_str())
   # Passes that score rollouts without gradients take the learner's micro-batch rows.
   score_rows = micro_batch_rows(c.train.batch_size, algo)
   held_out = samp.with_overrides(c.eval.temperature, c.eval.top_p)
+  eval_examples = task.heldout[:c.eval.num_examples]
   evaluate_fn = functools.partial(evaluate, graphdef, io=io, task=task,
-                                  examples=task.heldout[:c.eval.num_examples],
+                                  examples=eval_examples,
+                                  record=samples_lib.record_indices(len(eval_examples),
+                                                                    c.eval.record, c.seed),
                                   max_new_tokens=m, temperature=held_out.temperature,
                                   samples_per_example=c.eval.samples_per_example,
                                   correct_threshold=c.buffer.correct_threshold,
@@ -315,6 +328,8 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
                                   min_count=ar.min_samples, rows=score_rows
                                   ) if ar.enabled else None
 
+  record_every = c.log.record_interval(c.eval.every)
+
   def make_fns(per_step: int, buffer_spec: SamplerConfig, rb=None) -> LearnerFns:
     """The learner-side functions for R = ``per_step`` and the buffer's sampler spec (its
     age cut-off): what the self-tuning controller rebuilds when it changes them."""
@@ -329,7 +344,10 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
                       learner_step=learner_step,
                       ready=lambda buffer, version: bool(multihost.to_host(ready(buffer,
                                                                                  version))),
-                      drift=drift_fn, noise=noise_fn)
+                      drift=drift_fn, noise=noise_fn,
+                      trained=samples_lib.make_trained_fn(
+                          graphdef, rb, c.log.record_rollouts, samp.temperature, samp.top_k,
+                          samp.top_p, algo.logprob_chunk, score_rows) if record_every else None)
 
   fns = make_fns(c.rollout.per_step, c.buffer, rb)
   learner_fns = None
@@ -366,7 +384,7 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
             replicated=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
             manager=manager, best_manager=best_manager,
             writer=MetricWriter(workdir, c.log.tensorboard, primary=multihost.is_primary()),
-            auto_replay=ar, learner_fns=learner_fns)
+            auto_replay=ar, learner_fns=learner_fns, record_every=record_every)
   waits = dict(learner_wait_s=0.0, generator_wait_s=0.0) if run.is_async else {}
   # The parameter ring of simulated_async: ``lag`` copies in the parameters' own layout.
   carry = Carry(state=state, buffer=buffer,

@@ -139,7 +139,9 @@ def resume(run, fresh: Carry) -> Carry:
   """
   restored = ckpt_lib.restore(run.manager, checkpoint_tree(run, fresh), log=run.log)
   if restored is None:
-    before = run.evaluate(fresh.state.params, key=jax.random.fold_in(eval_key(fresh), 0))
+    from jaxreplay.train.record import evaluate_and_record
+    before = evaluate_and_record(run, fresh.state.params, jax.random.fold_in(eval_key(fresh), 0),
+                                 0)
     run.writer.write(0, {f"eval/{k}": v for k, v in before.items()})
     run.log(f"held-out before RL: greedy {before['acc_greedy']:.3f}, "
             f"sampled {before['acc_sampled']:.3f}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +66,8 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
              max_new_tokens: int, temperature: float, samples_per_example: int,
              chunk: int = 1024, correct_threshold: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, mesh=None, logprob_chunk: int = 0,
-             score_rows: int = 0, pack: bool = False) -> dict[str, float]:
+             score_rows: int = 0, pack: bool = False, record: Sequence[int] = (),
+             progress=None) -> dict[str, Any]:
   """Held-out accuracy: greedy (temperature 0) and sampled at ``temperature``, with pass@k.
 
   Rewards go through ``policy.score``: the task's scorer, with the same timeout and worker
@@ -94,15 +95,32 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
       ``logprob_chunk`` positions at a time (``scoring.token_logprobs_by_rows``; 0 = all).
     pack: score the fresh samples' entropy on packed rows (``scoring.plan_rows``), as the
       learner does with ``algo.pack_sequences``.
+    record: indices into ``examples`` whose completions are returned as records
+      (``train.samples.eval_records``; empty: none).
+    progress: optional progress bar (``tqdm``-like: ``total``, ``update(n)``, ``refresh()``):
+      its total is set to an estimate of both passes' decode chunks and it advances by one
+      before each chunk (the engine's ``weights`` hook, which swaps nothing here).
 
   Returns:
     {"acc_greedy", "acc_sampled" (= mean reward of the sampled pass), "len_sampled"
     (mean completion length, tokens), "entropy_fresh" (nats per token),
     "pass@k" for each k in PASS_AT with k <= samples_per_example (fractions in [0, 1]),
     "reward_failures" (int: reward calls of both passes that raised, returned NaN, timed
-    out or lost their scoring worker; each scored 0)}.
+    out or lost their scoring worker; each scored 0)}; with ``record``, also "samples": the
+    list of completion records (``train.samples.split`` takes it out).
   """
   failures = [0]  # reward calls that raised, timed out or lost their worker (scored 0)
+
+  def tick():  # before each decode chunk: the bar moves, the weights stay
+    if progress is not None:
+      progress.update(1)
+    return None
+
+  if progress is not None:  # decode chunks if no row stopped early (the engine's 16 steps)
+    per_row = -(-max_new_tokens // min(16, max_new_tokens))
+    progress.total = sum(-(-n // max(min(chunk, n), 1)) * per_row
+                         for n in (len(examples), len(examples) * samples_per_example))
+    progress.refresh()
 
   def run(temp, k, group, with_entropy=False, tk=0, tp=1.0):
     # One engine call: ``chunk`` decode slots, each prompt prefilled once for its ``group``
@@ -110,10 +128,11 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
     toks, mask, _ = io.prompts(list(examples))
     g = generate(graphdef, params, toks, mask, k, max_new_tokens=max_new_tokens,
                  temperature=temp, top_k=tk, top_p=tp, eos_ids=io.eos_ids, pad_id=io.pad_id,
-                 mesh=mesh, group_size=group, slots=chunk)
+                 mesh=mesh, group_size=group, slots=chunk, weights=tick)
     out = multihost.to_host({"tokens": g.tokens, "mask": g.mask, "length": g.length})
     rows = [e for e in examples for _ in range(group)]
-    rewards, f = score(task, io.decode(out["tokens"], out["mask"]), rows)
+    texts = io.decode(out["tokens"], out["mask"])
+    rewards, f = score(task, texts, rows)
     failures[0] += f
     ent = [0.0, 0]
     if with_entropy:  # scored ``chunk`` rows at a time (fixed shapes; the last chunk padded)
@@ -133,11 +152,11 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
             top_p=tp, logprob_chunk=logprob_chunk, rows=score_rows, plan=plan))
         ent[0] += float(e_sum)
         ent[1] += int(e_cnt)
-    return rewards, out["length"], ent[0] / max(ent[1], 1)
+    return rewards, out["length"], ent[0] / max(ent[1], 1), texts
 
-  r_g, _, _ = run(0.0, key, 1)
-  r_s, len_s, ent = run(temperature, key, samples_per_example, with_entropy=True, tk=top_k,
-                        tp=top_p)
+  r_g, len_g, _, t_g = run(0.0, key, 1)
+  r_s, len_s, ent, t_s = run(temperature, key, samples_per_example, with_entropy=True,
+                             tk=top_k, tp=top_p)
   out = {"acc_greedy": float(r_g.mean()), "acc_sampled": float(r_s.mean()),
          "len_sampled": float(len_s.mean()), "entropy_fresh": float(ent),
          "reward_failures": failures[0]}
@@ -146,4 +165,8 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
   for k in PASS_AT:
     if k <= samples_per_example:
       out[f"pass@{k}"] = float(pass_at_k(n, correct, k).mean())
+  if record:
+    from jaxreplay.train.samples import eval_records
+    out["samples"] = eval_records(task, examples, record, (t_g, r_g, len_g), (t_s, r_s, len_s),
+                                  samples_per_example)
   return out

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from tqdm import tqdm
 
 from jaxreplay.parallel import multihost
-from jaxreplay.train import generation
+from jaxreplay.train import generation, samples
 from jaxreplay.train import self_tuning
 from jaxreplay.train.carry import Carry
 from jaxreplay.train.ledger import Ledger
@@ -134,7 +134,9 @@ def train_lagged(run, carry: Carry) -> Carry:
     t1n = time.time()
     ring = advance_ring(carry.ring, carry.state.params)  # versions t − lag + 1 .. t
 
-    # --- SAMPLE + UPDATE -------------------------------------------------------------------
+    # --- SAMPLE + UPDATE (the rows it trains on read first, at the steps that record them) --
+    trained = samples.peek_trained(run, carry.state.params, carry.buffer, key_sample,
+                                   carry.state.step, step + 1)
     state, buffer, metrics = run.fns.learner_step(carry.state, carry.buffer, key_sample)
     metrics = multihost.to_host(metrics)  # gathered across processes when sharded
     t2 = time.time()
@@ -143,7 +145,8 @@ def train_lagged(run, carry: Carry) -> Carry:
     timers = carry.timers.replace(generate_s=carry.timers.generate_s + t1 - t0,
                                   train_s=carry.timers.train_s + t2 - t1n)
     carry = carry.replace(state=state, buffer=buffer, ring=ring, timers=timers, step=step + 1)
-    carry = record_step(run, carry, metrics, gen_metrics, self_tuning.step_metrics(run), noise)
+    carry = record_step(run, carry, metrics, gen_metrics, self_tuning.step_metrics(run), noise,
+                        trained)
     run = self_tuning.apply(run, carry.auto)  # the next step's R and age cut-off
     bar.set_postfix(reward=f"{gen_metrics['reward']:.2f}",
                     acc=f"{carry.last_eval['acc_sampled']:.2f}", refresh=False)

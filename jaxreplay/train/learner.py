@@ -43,6 +43,9 @@ class LearnerFns(NamedTuple):
     noise: ``(params, buffer, key, version: int32 scalar) -> rl.noise.NoiseEstimate``: the
       self-tuning controller's noise estimate on a buffer sample
       (``rl.noise.make_buffer_noise_fn``), or None when ``auto_replay.enabled`` is False.
+    trained: ``(params, buffer, key, version: int32 scalar) -> dict``: the first rows of the
+      batch ``learner_step`` draws with the same key and version, scored
+      (``samples.make_trained_fn``); None when ``log.record_every`` resolves to 0.
   """
 
   insert: Callable
@@ -50,6 +53,7 @@ class LearnerFns(NamedTuple):
   ready: Callable[..., bool]
   drift: Callable | None
   noise: Callable | None = None
+  trained: Callable | None = None
 
 
 def make_learner_step(train_step, rb: replay.ReplayBuffer,

@@ -17,6 +17,7 @@ from jaxreplay.config import RunConfig
 from jaxreplay.parallel import multihost
 from jaxreplay.train import accounting
 from jaxreplay.train import checkpoint as ckpt_lib
+from jaxreplay.train import progress
 from jaxreplay.train.actor_learner import train_async
 from jaxreplay.train.build import Run, build
 from jaxreplay.train.carry import Carry, resume
@@ -92,9 +93,10 @@ def finish(job: Run, carry: Carry) -> dict:
     whether the generation budget ended the run (``budget_reached``), wall time and phase timers, the ledger with the derived μ, W/T, γ and the
     items still unused in the buffer, the last evaluation, checkpoint paths.
   """
-  job.manager.wait_until_finished()
-  if job.best_manager is not None:
-    job.best_manager.wait_until_finished()
+  with progress.phase("checkpoint write", enabled=job.progress, log=job.log):
+    job.manager.wait_until_finished()
+    if job.best_manager is not None:
+      job.best_manager.wait_until_finished()
   job.writer.close()
   before, final, counts = carry.eval_before, carry.last_eval, carry.ledger.as_dict()
   timers = carry.timers.as_dict()

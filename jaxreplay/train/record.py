@@ -1,8 +1,8 @@
 """RECORD: after each learner step, the ledger, the metric record, evaluation and checkpoints.
 
 ``record_step`` takes the carry after a step and returns the next one; it is the only
-place that writes run files during the loop (the ``metrics/`` files, TensorBoard, the latest
-and best checkpoints).
+place that writes run files during the loop (the ``metrics/`` files, TensorBoard, the
+``samples/`` files, the latest and best checkpoints).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from jaxreplay.parallel import multihost
 from jaxreplay.train import accounting
 from jaxreplay.train import carry as carry_lib
 from jaxreplay.train import checkpoint as ckpt_lib
+from jaxreplay.train import progress, samples
 from jaxreplay.train import self_tuning
 from jaxreplay.train.carry import Carry
 from jaxreplay.train.ledger import Ledger
@@ -41,8 +42,22 @@ def learner_ledger(metrics: dict, batch_size: int) -> tuple[Ledger, dict]:
   return inc, rest
 
 
+def evaluate_and_record(run, params, key, step: int) -> dict:
+  """The held-out evaluation of ``params`` at learner step ``step``, with its progress bar
+  and duration line, its completion records written to ``samples/eval_STEP.jsonl``.
+
+  Returns:
+    The evaluation's metrics (``train.evaluate``, without its records).
+  """
+  with progress.phase(f"eval step {step}", enabled=run.progress, log=run.log,
+                      unit="chunk") as bar:
+    evaluation, records = samples.split(run.evaluate(params, key=key, progress=bar))
+  samples.write(run.workdir, f"eval_{step}.jsonl", step, records)
+  return evaluation
+
+
 def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
-                extra: dict | None = None, noise=None) -> Carry:
+                extra: dict | None = None, noise=None, trained: dict | None = None) -> Carry:
   """Books learner step ``carry.step`` (steps completed, counting this one).
 
   Adds the learner's ledger increment, stops a run of non-finite updates, writes one
@@ -58,6 +73,8 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
     noise: (host ``rl.noise.NoiseEstimate``, seconds) of this step's self-tuning estimate
       (``self_tuning.estimate``), or None: with one, the controller decides on it and the
       ledger through this step (``self_tuning.decide``) before the record and checkpoint.
+    trained: the rows this step trained on (``samples.peek_trained``), or None: written to
+      ``samples/train_STEP.jsonl``.
 
   Returns:
     The carry with the ledger, timers, evaluation, best checkpoint, skip count and (with
@@ -98,8 +115,8 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
   last_eval, best = carry.last_eval, carry.best
   if (run.eval.every and done % run.eval.every == 0) or last:
     t0 = time.time()
-    last_eval = run.evaluate(carry.state.params,
-                             key=jax.random.fold_in(carry_lib.eval_key(carry), done))
+    last_eval = evaluate_and_record(run, carry.state.params,
+                                    jax.random.fold_in(carry_lib.eval_key(carry), done), done)
     timers = timers.replace(eval_s=timers.eval_s + time.time() - t0)
     record.update({f"eval/{k}": v for k, v in last_eval.items()})
     if run.best_manager is not None and run.checkpoint.every:
@@ -109,6 +126,8 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
         carry.state.params, carry.buffer, jax.random.fold_in(carry_lib.drift_key(carry), done),
         jnp.int32(done))).items()})
   run.writer.write(done, record)
+  if trained is not None:
+    samples.write(run.workdir, f"train_{done}.jsonl", done, samples.train_records(run.io, trained))
   carry = carry.replace(ledger=ledger, timers=timers, last_eval=last_eval, best=best,
                         skips=skips, auto=auto)
   if run.checkpoint.every and (done % run.checkpoint.every == 0 or last):

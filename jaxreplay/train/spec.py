@@ -135,6 +135,10 @@ class EvalSpec(Spec):
       KV cache and logits set evaluation's memory.
     temperature: > 0, the sampled evaluation's temperature (None = sampler.temperature).
     top_p: in (0, 1], the sampled evaluation's top-p (None = sampler.top_p).
+    record: >= 0 held-out questions whose completions (greedy and sampled) every evaluation
+      writes to ``WORKDIR/samples/eval_STEP.jsonl`` (0 = none): the same questions every
+      time, drawn once from the first ``num_examples`` with the run's seed (at most
+      ``num_examples``).
   """
 
   SECTION: ClassVar[str] = "eval"
@@ -145,6 +149,7 @@ class EvalSpec(Spec):
   batch_rows: int = field(1024, ge=1)
   temperature: float | None = field(None, gt=0)
   top_p: float | None = field(None, gt=0, le=1)
+  record: int = field(16, ge=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,11 +192,23 @@ class LogSpec(Spec):
   """The ``log`` section.
 
   Attributes:
-    progress: show a tqdm progress bar.
+    progress: show tqdm progress bars (training steps, model load, warm start, each
+      evaluation, blocking checkpoint saves); False silences all of them (CI, SLURM logs).
     tensorboard: also write TensorBoard event files (tensorboardX) beside the metrics/ files.
+    record_every: >= 0 learner steps between ``WORKDIR/samples/train_STEP.jsonl`` files of
+      rollouts the learner trained on (None = ``eval.every``; 0 = none).
+    record_rollouts: >= 1 rollouts per ``train_STEP.jsonl`` (at most ``train.batch_size``):
+      the first rows of that step's batch.
   """
 
   SECTION: ClassVar[str] = "log"
 
   progress: bool = field(True)
   tensorboard: bool = field(True)
+  record_every: int | None = field(None, ge=0)
+  record_rollouts: int = field(4, ge=1)
+
+  def record_interval(self, eval_every: int) -> int:
+    """Learner steps between ``train_STEP.jsonl`` files: ``record_every``, or
+    ``eval_every`` when unset (0 = none)."""
+    return eval_every if self.record_every is None else self.record_every

@@ -36,7 +36,7 @@ from jaxreplay.parallel import multihost
 from jaxreplay.parallel import submesh
 from jaxreplay.replay import rate_limiter as rate_lib
 from jaxreplay.train import carry as carry_lib
-from jaxreplay.train import generation
+from jaxreplay.train import generation, samples
 from jaxreplay.train.actor_learner import NoBatchError
 from jaxreplay.train.carry import Carry
 from jaxreplay.train.ledger import Ledger
@@ -311,6 +311,9 @@ def train_split(run, carry: Carry) -> Carry:
       clock.set("learner", True)
 
       # --- SAMPLE + UPDATE -----------------------------------------------------------------
+      trained = samples.peek_trained(run, carry.state.params, carry.buffer,
+                                     jax.random.fold_in(carry.key, step), carry.state.step,
+                                     step + 1)
       t1 = time.time()
       state, buffer, metrics = run.fns.learner_step(carry.state, carry.buffer,
                                                     jax.random.fold_in(carry.key, step))
@@ -351,7 +354,7 @@ def train_split(run, carry: Carry) -> Carry:
                "learner_idle": 1.0 - busy["learner"] / wall,
                "overlap": both / wall, "weight_swaps": swaps}
       gen_metrics = generation.mean_metrics(pending)
-      carry = record_step(run, carry, metrics, gen_metrics, extra)
+      carry = record_step(run, carry, metrics, gen_metrics, extra, trained=trained)
       clock.set("learner", False)
       bar.set_postfix(reward=f"{gen_metrics.get('reward', float('nan')):.2f}", refresh=False)
   finally:

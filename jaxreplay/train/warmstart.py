@@ -33,6 +33,7 @@ from jaxreplay.parallel.sharding import param_shardings
 from jaxreplay.rl.scoring import token_logprobs
 from jaxreplay.rl.train_step import scheduled_adamw
 from jaxreplay.tasks.spec import TaskSpec
+from jaxreplay.train.progress import phase
 from jaxreplay.train.spec import WarmstartSpec
 
 
@@ -110,7 +111,7 @@ def sft_batches(io, examples, batch_size: int, max_new_tokens: int, noise: float
 
 
 def train_base_policy(model: ModelSpec, ws: WarmstartSpec, io, task, *, seed: int,
-                      max_new_tokens: int, log=print, callback=None):
+                      max_new_tokens: int, log=print, callback=None, progress: bool = False):
   """Trains the base policy by supervised learning on noisy labels.
 
   Args:
@@ -118,6 +119,8 @@ def train_base_policy(model: ModelSpec, ws: WarmstartSpec, io, task, *, seed: in
     task: the task (its train split). seed: initialisation and data seed.
     max_new_tokens: the answers' encoded width (tokens). log: message sink.
     callback: optional ``(step, params)`` called five times during training.
+    progress: show a progress bar over the steps (``log.progress``); the phase's duration
+      is logged either way (``train.progress.phase``).
 
   Returns:
     (graphdef, params, info dict with ``sft_loss`` and ``sft_seconds``).
@@ -141,17 +144,20 @@ def train_base_policy(model: ModelSpec, ws: WarmstartSpec, io, task, *, seed: in
   batches = sft_batches(io, task.train, ws.batch_size, max_new_tokens, ws.label_noise, seed)
   t0 = time.time()
   loss = float("nan")
-  for i in range(ws.steps):
-    params, opt_state, loss = step(params, opt_state, *next(batches))
-    if (i + 1) % max(ws.steps // 5, 1) == 0:
-      log(f"warm start {i + 1}/{ws.steps}: loss {float(loss):.3f} ({time.time() - t0:.0f}s)")
-      if callback is not None:
-        callback(i + 1, params)
+  with phase("warm start", enabled=progress, log=log, total=ws.steps, unit="step") as bar:
+    for i in range(ws.steps):
+      params, opt_state, loss = step(params, opt_state, *next(batches))
+      bar.update(1)
+      if (i + 1) % max(ws.steps // 5, 1) == 0:
+        log(f"warm start {i + 1}/{ws.steps}: loss {float(loss):.3f} ({time.time() - t0:.0f}s)")
+        if callback is not None:
+          callback(i + 1, params)
   return graphdef, params, {"sft_loss": float(loss), "sft_seconds": time.time() - t0}
 
 
 def load_or_train_base_policy(model: ModelSpec, ws: WarmstartSpec, io, task, *, key: str,
-                              seed: int, max_new_tokens: int, log=print, mesh=None):
+                              seed: int, max_new_tokens: int, log=print, mesh=None,
+                              progress: bool = False):
   """The cached base policy (Orbax) under ``ws.cache_dir/key``, trained and saved on first use.
 
   With ``mesh`` the parameters come back laid out by ``parallel.PARAM_RULES`` on it: a
@@ -164,6 +170,7 @@ def load_or_train_base_policy(model: ModelSpec, ws: WarmstartSpec, io, task, *, 
     model, ws: the ``model`` and ``warmstart`` specs. io: ``TextIO``. task: the task.
     key: the cache key (``base_policy_key``). seed, max_new_tokens: as in
     ``train_base_policy``. log: message sink. mesh: optional device mesh.
+    progress: progress bars for the warm start and the cache load (``log.progress``).
 
   Returns:
     (graphdef, params, info dict with ``path`` and ``cached``).
@@ -178,7 +185,7 @@ def load_or_train_base_policy(model: ModelSpec, ws: WarmstartSpec, io, task, *, 
                             abstract, shardings)
   with _entry_lock(path):
     return _load_or_train(path, graphdef, abstract, shardings, model, ws, io, task, seed=seed,
-                          max_new_tokens=max_new_tokens, log=log)
+                          max_new_tokens=max_new_tokens, log=log, progress=progress)
 
 
 @contextlib.contextmanager
@@ -198,18 +205,20 @@ def _entry_lock(path: str):
 
 
 def _load_or_train(path, graphdef, abstract, shardings, model, ws, io, task, *, seed, max_new_tokens,
-                   log):
+                   log, progress=False):
   """``load_or_train_base_policy``'s body, run under the entry's lock."""
   ckptr = ocp.StandardCheckpointer()
   # info.json is written last (atomically): it marks a complete cache entry; params without
   # it are the leftover of a process killed mid-write and are trained and written again.
   if storage.exists(os.path.join(path, "info.json")):
-    params = ckptr.restore(os.path.join(path, "params"), abstract)
+    with phase("base policy load", enabled=progress, log=log):
+      params = ckptr.restore(os.path.join(path, "params"), abstract)
     info = json.loads(epath.Path(path, "info.json").read_text())
     log(f"loaded base policy from {path}")
     return graphdef, params, dict(info, path=path, cached=True)
   graphdef, params, info = train_base_policy(model, ws, io, task, seed=seed,
-                                             max_new_tokens=max_new_tokens, log=log)
+                                             max_new_tokens=max_new_tokens, log=log,
+                                             progress=progress)
   if shardings is not None:
     params = jax.tree.map(multihost.to_global, params, shardings)
   epath.Path(path).mkdir(parents=True, exist_ok=True)
