@@ -120,3 +120,18 @@ def test_bad_recording_fields_name_the_field(tmp_path, field, value):
   from jaxreplay.config import ConfigError, validate
   with pytest.raises(ConfigError, match=rf"^config\.{field}={value} is invalid: must be >= "):
     validate(_config(tmp_path, tmp_path, **{field: value}))
+
+
+def test_records_go_to_tensorboard_as_text(tmp_path):
+  from jaxreplay.train.metrics import MetricWriter
+  w = MetricWriter(tmp_path, tensorboard=True, primary=True)
+  recs = [{"step": 3, "question_id": 7, "mode": "greedy", "sample": 0, "prompt": "2 + 3 =",
+           "completion": " 5", "extracted": "5", "gold": "5", "reward": 1.0,
+           "completion_tokens": 2}]
+  text = samples.as_text(recs)
+  assert text == ("- question_id=7, mode=greedy, sample=0, extracted=5, gold=5, reward=1.0, "
+                  "completion_tokens=2: `2 + 3 =` → ` 5`")
+  w.text(3, "samples/eval", text)
+  w.close()
+  (event,) = list((tmp_path / "tb").iterdir())
+  assert "`2 + 3 =` → ` 5`".encode() in event.read_bytes()

@@ -209,6 +209,12 @@ class MetricWriter:
         if isinstance(v, (int, float)) and k != "step":
           self._tb.add_scalar(k, v, step)
 
+  def text(self, step: int, tag: str, text: str) -> None:
+    """Writes ``text`` (markdown) to TensorBoard under ``tag`` at ``step``; nothing without
+    TensorBoard or on processes other than the primary one."""
+    if self._active and self._tb is not None:
+      self._tb.add_text(tag, text, int(step))
+
   def close(self) -> None:
     """Closes TensorBoard (idempotent); every record is already in its chunk file."""
     self._active = False

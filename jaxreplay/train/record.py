@@ -53,6 +53,8 @@ def evaluate_and_record(run, params, key, step: int) -> dict:
                       unit="chunk") as bar:
     evaluation, records = samples.split(run.evaluate(params, key=key, progress=bar))
   samples.write(run.workdir, f"eval_{step}.jsonl", step, records)
+  if records:
+    run.writer.text(step, "samples/eval", samples.as_text(records))
   return evaluation
 
 
@@ -127,7 +129,9 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
         jnp.int32(done))).items()})
   run.writer.write(done, record)
   if trained is not None:
-    samples.write(run.workdir, f"train_{done}.jsonl", done, samples.train_records(run.io, trained))
+    rows = samples.train_records(run.io, trained)
+    samples.write(run.workdir, f"train_{done}.jsonl", done, rows)
+    run.writer.text(done, "samples/train", samples.as_text(rows))
   carry = carry.replace(ledger=ledger, timers=timers, last_eval=last_eval, best=best,
                         skips=skips, auto=auto)
   if run.checkpoint.every and (done % run.checkpoint.every == 0 or last):

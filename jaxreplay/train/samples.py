@@ -12,6 +12,9 @@
   reward, advantage, generating policy versions (staleness) and the mean per-token
   importance ratio π_θ/μ under the parameters about to be updated.
 
+The same records go to TensorBoard's text panel (``samples/eval``, ``samples/train``) when
+``log.tensorboard`` is on.
+
 A file is named by the learner steps completed, written whole (``write_atomic``) by process
 0 only: a resumed run that redoes a step rewrites that step's file with the same content,
 and the files of earlier steps stay.
@@ -109,6 +112,16 @@ def write(workdir: str, name: str, step: int, records: Sequence[dict]) -> str | 
     os.makedirs(os.path.dirname(path), exist_ok=True)
   storage.write_atomic(path, "".join(json.dumps({"step": step, **r}) + "\n" for r in records))
   return path
+
+
+def as_text(records: Sequence[dict]) -> str:
+  """Records as markdown lines for TensorBoard's text panel: the fields, then the prompt and
+  the completion in code spans."""
+  lines = []
+  for r in records:
+    head = ", ".join(f"{k}={r[k]}" for k in r if k not in ("prompt", "completion", "step"))
+    lines.append(f"- {head}: `{r['prompt']}` → `{r['completion']}`")
+  return "\n".join(lines)
 
 
 def split(evaluation: dict) -> tuple[dict, list[dict]]:
