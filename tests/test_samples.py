@@ -135,3 +135,21 @@ def test_records_go_to_tensorboard_as_text(tmp_path):
   w.close()
   (event,) = list((tmp_path / "tb").iterdir())
   assert "`2 + 3 =` → ` 5`".encode() in event.read_bytes()
+
+
+@pytest.mark.slow
+def test_the_async_learner_records_the_rows_it_trains_on(base_policy_cache, tmp_path):
+  wd = tmp_path / "async"
+  lines = []
+  run(_config(wd, base_policy_cache, **{"train.mode": "async", "train.steps": 4,
+                                        "eval.every": 0, "log.record_every": 2,
+                                        "checkpoint.every": 4}), log=lines.append)
+  files = _read(wd)
+  assert sorted(files) == ["eval_0.jsonl", "eval_4.jsonl", "train_2.jsonl", "train_4.jsonl"]
+  for step in (2, 4):
+    recs = files[f"train_{step}.jsonl"]
+    assert len(recs) == K and all(r["staleness"] == step - 1 - r["policy_version"] >= 0
+                                  for r in recs)
+  # each long phase closes with one duration line
+  for name in ("eval step 0", "eval step 4", "checkpoint save step 4", "checkpoint write"):
+    assert sum(ln.startswith(name + ": ") for ln in lines) == 1, (name, lines)

@@ -135,5 +135,7 @@ def record_step(run, carry: Carry, metrics: dict, gen_metrics: dict,
   carry = carry.replace(ledger=ledger, timers=timers, last_eval=last_eval, best=best,
                         skips=skips, auto=auto)
   if run.checkpoint.every and (done % run.checkpoint.every == 0 or last):
-    carry_lib.save(run, carry)
+    # async: it blocks only while the previous save is still being written
+    with progress.phase(f"checkpoint save step {done}", enabled=run.progress, log=run.log):
+      carry_lib.save(run, carry)
   return carry
