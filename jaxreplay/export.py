@@ -341,7 +341,8 @@ def export(workdir: str, out: str, *, step: int | None = None, best: bool = Fals
   """Writes a run's policy at a checkpoint as a Hugging Face directory (module docstring).
 
   Args:
-    workdir: the run directory. out: the export directory (created; files overwritten).
+    workdir: the run directory. out: the export directory (created; files of the same names
+      overwritten, and a former export's weight files removed).
     step: the checkpoint step (None: the newest). best: the best held-out checkpoint.
     dtype: ``"bfloat16"`` or ``"float32"`` tensors (None: the parameters' dtype).
     max_shard_mb: weights above this many MB are sharded with an index.
@@ -362,6 +363,10 @@ def export(workdir: str, out: str, *, step: int | None = None, best: bool = Fals
   params = read_params(state_dir, cfg)
   hf, tensors = hf_weights(cfg, params, dtype)
   os.makedirs(out, exist_ok=True)
+  for stale in os.listdir(out):  # a former export's weights would mix with these
+    if stale.startswith("model") and (stale.endswith(".safetensors")
+                                      or stale == "model.safetensors.index.json"):
+      os.remove(os.path.join(out, stale))
   names, ids = write_tokenizer(c, workdir, out)
   hf.update({k: v for k, v in ids.items() if v is not None})
   names += safetensors_io.write_checkpoint(out, tensors, int(max_shard_mb * 1e6))

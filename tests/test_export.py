@@ -92,6 +92,11 @@ def test_export_bfloat16_sharded_and_a_chosen_step(trained, tmp_path):
   assert r["step"] == 1
   shards = sorted(f for f in os.listdir(out16) if f.endswith(".safetensors"))
   assert len(shards) > 1 and "model.safetensors.index.json" in os.listdir(out16)
+  # exporting again into a directory that held shards leaves only the new weights
+  export.export(trained.workdir, str(tmp_path / "again"), step=1, max_shard_mb=0.05)
+  export.export(trained.workdir, str(tmp_path / "again"), step=1)
+  assert sorted(f for f in os.listdir(tmp_path / "again") if f.startswith("model")) == [
+      "model.safetensors"]
   m32 = transformers.AutoModelForCausalLM.from_pretrained(out32)
   m16 = transformers.AutoModelForCausalLM.from_pretrained(out16, dtype=torch.bfloat16)
   s32, s16 = m32.state_dict(), m16.state_dict()
