@@ -153,3 +153,18 @@ def test_the_async_learner_records_the_rows_it_trains_on(base_policy_cache, tmp_
   # each long phase closes with one duration line
   for name in ("eval step 0", "eval step 4", "checkpoint save step 4", "checkpoint write"):
     assert sum(ln.startswith(name + ": ") for ln in lines) == 1, (name, lines)
+
+
+@pytest.mark.slow
+def test_the_split_learner_records_the_rows_it_trains_on(base_policy_cache, tmp_path):
+  from test_split import split_config  # W = 4 generator devices, T = 4 learner devices
+  c = split_config(str(tmp_path / "split"), base_policy_cache, steps=4)
+  c.log.record_every, c.log.record_rollouts = 2, K
+  run(c, log=_quiet)
+  files = _read(tmp_path / "split")
+  assert {"train_2.jsonl", "train_4.jsonl"} <= set(files)
+  assert "eval_0.jsonl" in files and "eval_4.jsonl" in files  # before RL and at the end
+  for step in (2, 4):
+    recs = files[f"train_{step}.jsonl"]
+    assert len(recs) == K
+    assert all(r["staleness"] == step - 1 - r["policy_version"] >= 0 for r in recs)
