@@ -272,7 +272,8 @@ def write_tokenizer(c, workdir: str, out: str) -> tuple[list[str], dict]:
     ``config.json`` and ``generation_config.json`` carry).
 
   Raises:
-    ExportError: the tokenizer cannot be found.
+    ExportError: the tokenizer cannot be found (the message names ``model.path`` or
+      ``warmstart.cache_dir``).
   """
   from tokenizers import processors
 
@@ -296,7 +297,11 @@ def write_tokenizer(c, workdir: str, out: str) -> tuple[list[str], dict]:
   from jaxreplay import storage
   path = storage.local_copy(m.path)
   if m.source == "hf":
-    hf = HFTokenizer.from_pretrained(path)
+    try:
+      hf = HFTokenizer.from_pretrained(path)
+    except (FileNotFoundError, ValueError) as e:
+      raise ExportError(f"model.path={m.path!r}: the run's starting checkpoint must still hold "
+                        f"its tokenizer ({e})") from None
     names = []
     for name in HF_TOKENIZER_FILES:
       if os.path.exists(os.path.join(path, name)):

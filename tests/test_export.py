@@ -226,7 +226,8 @@ def test_smollm2_preset_exports_with_its_gguf_tokenizer(tmp_path):
       "buffer.capacity=8", "sampler.max_new_tokens=16", "sampler.slots=8",
       "eval.num_examples=2", "eval.samples_per_example=1", "eval.batch_rows=8",
       "algo.warmup_steps=0", "algo.grad_accum_steps=1", "checkpoint.every=1",
-      "log.progress=False", "log.tensorboard=False"])
+      "log.progress=False", "log.tensorboard=False",
+      "mesh.data=1"])  # one of the session's 8 fake devices: 135M parameters, not 8 copies
   run(c, log=_quiet)
   out = str(tmp_path / "hf")
   r = export.export(c.workdir, out)
@@ -238,3 +239,13 @@ def test_smollm2_preset_exports_with_its_gguf_tokenizer(tmp_path):
   assert len(pairs) == 8
   for ours, theirs in pairs:
     assert len(ours) >= 1 and ours == theirs
+
+
+def test_an_hf_run_whose_starting_checkpoint_is_gone_names_model_path(tmp_path):
+  c = export.run_specs({"model": {"source": "hf", "path": str(tmp_path / "gone")}})
+  with pytest.raises(export.ExportError, match=r"^model\.path='.*gone': the run's starting "):
+    export.policy_config(c)
+  (tmp_path / "empty").mkdir()
+  c = export.run_specs({"model": {"source": "hf", "path": str(tmp_path / "empty")}})
+  with pytest.raises(export.ExportError, match=r"^model\.path=.*must still hold its tokenizer"):
+    export.write_tokenizer(c, str(tmp_path), str(tmp_path / "out"))
