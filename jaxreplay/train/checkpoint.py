@@ -410,12 +410,13 @@ def read_meta(manager: ocp.CheckpointManager) -> dict | None:
 
 
 # Config fields that may change between a run and its resumption: extending the run
-# (train.steps, its generation budget train.max_generated_rollouts), where it logs, how often it evaluates/saves/monitors drift, which completions it records (not what an
-# evaluation measures: before and after must stay comparable), the device mesh (a checkpoint
-# restores onto any mesh), how the processes of a job find each other, and where caches live.
-RESUMABLE_PREFIXES = ("train.steps", "train.max_generated_rollouts", "workdir", "log.", "eval.every",
-                      "eval.record", "checkpoint.", "mesh.",
-                      "drift.", "warmstart.cache_dir", "distributed.")
+# (train.steps, its generation budget train.max_generated_rollouts), where it logs, how often
+# it evaluates/saves/monitors drift, which completions it records (not what an evaluation
+# measures: before and after must stay comparable), the device mesh (a checkpoint restores
+# onto any mesh), how the processes of a job find each other, and where caches live.
+RESUMABLE_PREFIXES = ("train.steps", "train.max_generated_rollouts", "workdir", "log.",
+                      "eval.every", "eval.record", "checkpoint.", "mesh.", "drift.",
+                      "warmstart.cache_dir", "distributed.")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
