@@ -407,13 +407,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
   a = p.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a host-side conversion: no accelerator
   from absl import logging
-  logging.set_verbosity(logging.ERROR)  # Orbax warns of absent optional metadata
+  # Orbax warns of absent optional metadata; quiet only while exporting, so a caller's own
+  # logging (main() run in-process, as the tests do) is left as it was
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)
   t0 = time.time()
   try:
     r = export(a.workdir, a.out, step=a.step, best=a.best, dtype=a.dtype,
                max_shard_mb=a.max_shard_mb)
   except ExportError as e:
     raise SystemExit(f"jaxreplay.export: {e}") from None
+  finally:
+    logging.set_verbosity(verbosity)
   for name, size in sorted(r["files"].items()):
     print(f"  {name}  {size / 1e6:.2f} MB")
   print(f"exported step {r['step']} of {a.workdir} ({r['source']}) to {r['out']}: "

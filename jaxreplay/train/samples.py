@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
 from jaxreplay import storage
 from jaxreplay.parallel import multihost
@@ -108,8 +109,8 @@ def write(workdir: str, name: str, step: int, records: Sequence[dict]) -> str | 
   if not records or not multihost.is_primary():
     return None
   path = os.path.join(workdir, SAMPLES_DIR, name)
-  if not storage.is_remote(path):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+  # object stores need no directories, but a filesystem behind a URL (and a local disk) does
+  epath.Path(path).parent.mkdir(parents=True, exist_ok=True)
   storage.write_atomic(path, "".join(json.dumps({"step": step, **r}) + "\n" for r in records))
   return path
 
