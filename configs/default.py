@@ -29,7 +29,7 @@ def get_config():
       prompt_width=16,  # P, tokens (incl. <bos>); longer prompts: data.on_too_long
       on_too_long="truncate_left",
       reward_timeout_s=5.0,  # a reward call running longer scores 0 and is counted; 0 = no limit
-      answer_extraction="bare",  # "bare": the completion is the answer; "math": math-verify
+      answer_extraction="bare",  # "bare": the completion is the answer; "math"/"boxed": math-verify
       chat_template=False,  # model.source="hf": wrap prompts in the checkpoint's chat template
       system_prompt="",  # with chat_template: a system turn ("" = none)
       format="plain",  # file sources: how the gold is read: plain, gsm8k (####), math (boxed)

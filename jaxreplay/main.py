@@ -48,11 +48,17 @@ def main(argv) -> None:
   print("\n" + "\n".join(summary_lines(s, config.sampler.temperature)))
 
 
+# The graders a math-graded task's evaluations report (``train.evaluate.grader_names``) and
+# what each counts, for the summary.
+GRADE_LINES = (("strict", "last \\boxed{} only"), ("lenient", "last number, any format"))
+
+
 def summary_lines(s: dict, temperature: float) -> list[str]:
   """The job's closing summary, one string per printed line.
 
   Args:
-    s: ``train.loop.run``'s summary: held-out accuracy before/after (fractions), token and
+    s: ``train.loop.run``'s summary: held-out accuracy before/after (fractions; a
+      math-graded task's strict and lenient ones get a line each when present), token and
       rollout counts, ``ledger``, ``wall_seconds`` and the ``generate_s``/``train_s``/``eval_s``
       phase times (seconds), ``checkpoints`` and ``base_policy`` paths.
     temperature: the sampler's temperature, named on the sampled-accuracy line.
@@ -71,6 +77,10 @@ def summary_lines(s: dict, temperature: float) -> list[str]:
            f"{s['acc_sampled_before']:.3f} -> {s['acc_sampled_after']:.3f}",
            f"held-out accuracy, greedy: {s['acc_greedy_before']:.3f} -> "
            f"{s['acc_greedy_after']:.3f}",
+           *[f"held-out accuracy, {g} ({how}), sampled: "
+             f"{s[f'acc_sampled_{g}_before']:.3f} -> {s[f'acc_sampled_{g}_after']:.3f}, "
+             f"greedy: {s[f'acc_greedy_{g}_before']:.3f} -> {s[f'acc_greedy_{g}_after']:.3f}"
+             for g, how in GRADE_LINES if f"acc_sampled_{g}_before" in s],
            f"generated tokens: {s['generated_tokens']}  trained tokens: {s['trained_tokens']}  "
            f"rollouts: {s['generated_rollouts']}"]
   lost = s["ledger"].get("lost_in_flight_rollouts", 0)

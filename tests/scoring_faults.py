@@ -58,3 +58,20 @@ class OneShotFaults(MathReward):
         os._exit(3)
       time.sleep(3600)
     return super().__call__(completion, example)
+
+
+class FaultyGrades(MathReward):
+  """``MathReward`` whose graders fail on purpose, by completion text: ``strict`` kills its
+  worker mid-call (as a segfault or the OOM killer would) on a completion containing
+  "crash", and ``lenient`` raises on one containing "raise"; otherwise they grade as
+  ``MathReward``'s do."""
+
+  def strict(self, completion, example):
+    if "crash" in completion:
+      os._exit(3)
+    return super().strict(completion, example)
+
+  def lenient(self, completion, example):
+    if "raise" in completion:
+      raise RuntimeError("grader bug")
+    return super().lenient(completion, example)

@@ -13,8 +13,9 @@ Parquet file through ``grain.experimental.ParquetIterDataset`` (pyarrow), each m
 ``Example`` or to ``None`` for a malformed row (bad JSON or UTF-8, not an object, an empty
 or missing question, no gold answer in the format's columns, a row the prompt template
 cannot fill). Malformed rows are skipped and counted per split (``skipped_rows``). With
-``answer_extraction='math'`` each example's gold is parsed once by math-verify; a gold it
-cannot parse makes the example invalid: counted per split (``invalid_gold``) and excluded.
+``answer_extraction='math'`` or ``'boxed'`` each example's gold is parsed once by math-verify;
+a gold it cannot parse makes the example invalid: counted per split (``invalid_gold``) and
+excluded.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ import numpy as np
 
 from jaxreplay import storage
 from jaxreplay.tasks.base import Example, binary_reward
-from jaxreplay.tasks.math_answer import MathReward, gsm8k_gold, math_gold, with_parsed_gold
-from jaxreplay.tasks.spec import TaskSpec, field_names
+from jaxreplay.tasks.math_answer import gsm8k_gold, math_gold, math_reward_fn, with_parsed_gold
+from jaxreplay.tasks.spec import MATH_EXTRACTIONS, TaskSpec, field_names
 
 
 class ExactMatchReward:
@@ -49,10 +50,11 @@ class FileTask:
   Attributes:
     name: ``"SOURCE:FORMAT"``, e.g. ``"jsonl:gsm8k"``.
     train, heldout: the valid examples (``answer``: the gold text; ``gold``: its parse
-      with ``answer_extraction='math'``).
+      with ``answer_extraction`` ``'math'`` or ``'boxed'``).
     skipped_rows: malformed rows skipped per split.
     invalid_gold: rows whose gold math-verify cannot parse, excluded, per split.
-    answer_extraction: ``"bare"`` (exact match of the bare answer) or ``"math"``.
+    answer_extraction: ``"bare"`` (exact match of the bare answer), ``"math"`` (the stated
+      answer, math-verify) or ``"boxed"`` (the last ``\\boxed{}`` only, math-verify).
     scorer: the ``scoring.Scorer`` the loop uses (set by ``make_task``).
   """
 
@@ -67,7 +69,7 @@ class FileTask:
   @property
   def reward_fn(self):
     """The picklable reward a scoring worker runs (no example lists shipped)."""
-    return MathReward() if self.answer_extraction == "math" else ExactMatchReward()
+    return math_reward_fn(self.answer_extraction) or ExactMatchReward()
 
   def reward(self, completion: str, example: Example) -> float:
     """Binary reward of ``completion`` for ``example`` (see ``answer_extraction``)."""
@@ -221,7 +223,7 @@ def make_file_task(task: TaskSpec) -> FileTask:
     exs, skipped[split] = read_examples(path, cfg.source, fmt, names, cfg.prompt_template)
     exs = _subset(exs, getattr(cfg, f"{split}_size"), cfg.seed, stream)
     invalid[split] = 0
-    if cfg.answer_extraction == "math":
+    if cfg.answer_extraction in MATH_EXTRACTIONS:
       exs, invalid[split] = with_parsed_gold(exs)
       if not exs:
         raise ValueError(f"task.{split}_path={path!r}: no row's gold answer "

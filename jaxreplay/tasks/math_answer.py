@@ -44,6 +44,10 @@ Text only, no networks. The pieces:
   gold invalid, and so does prose (``"see figure"``: letters would parse as a commutative
   product, ``odd`` = ``dod``). An invalid example is counted and excluded, never scored,
   and ``verify_answer`` gives 0.0 for it — never a free reward.
+* ``verify_boxed(gold, completion)`` (strict: only the last ``\\boxed{}`` counts; the reward
+  of ``answer_extraction='boxed'``) and ``verify_last_number(gold, completion)`` (lenient:
+  the last number anywhere, no format needed): the two grades of every evaluation of a
+  math-graded task, so that a gain in format and a gain in correctness are told apart.
 * ``verify_answer(gold, completion)``: 1.0 if the extracted answer is equivalent to the gold
   by ``math_verify.verify(gold, prediction)`` (gold first: math-verify's documented order),
   else 0.0. An answer whose own parse would lose information (a repeating decimal that
@@ -470,10 +474,19 @@ def parse_answer(completion: str) -> list:
   answer = expand_repeating_decimals(answer)
   if answer is None:
     return []
+  if raw:
+    from math_verify import parse
+    _quiet_math_verify()
+    return parse(answer, parsing_timeout=None)
+  return _parse_math(answer)
+
+
+def _parse_math(answer: str) -> list:
+  """math-verify's parse of an extracted answer read as LaTeX math (units, thousands
+  separators and enclosing ``$`` removed first; a plain percentage read as math-verify
+  reads one); empty for an empty answer."""
   from math_verify import parse
   _quiet_math_verify()
-  if raw:
-    return parse(answer, parsing_timeout=None)
   answer = normalize_answer(_strip_dollars(answer))
   if _PERCENT.fullmatch(answer):  # "-5%": math-verify's own reading of a plain percentage
     return parse(answer.replace("\\%", "%"), parsing_timeout=None)
@@ -502,6 +515,100 @@ def verify_answer(gold: list | None, completion: str) -> float:
     return 0.0
 
 
+def boxed_answer(completion: str) -> str | None:
+  """The content of a completion's last box, as ``verify_boxed`` reads it.
+
+  Args:
+    completion: decoded completion text.
+
+  Returns:
+    The box's stripped content, or ``None``: no box, an empty or unclosed last box, or an
+    unclosed ``<think>`` (only text after the last ``</think>`` is read).
+  """
+  text = to_ascii_math(completion)
+  if _THINK_CLOSE in text:
+    text = text.rsplit(_THINK_CLOSE, 1)[1]
+  elif _THINK_OPEN in text:
+    return None
+  return find_boxed(text) or None
+
+
+def _verify_text(gold: list | None, answer: str | None) -> float:
+  """1.0 when the answer text, read as LaTeX math (``_parse_math``), is equivalent to
+  ``gold``; 0.0 for no answer, an invalid gold, an unreadable answer or any exception."""
+  if gold is None or answer is None:
+    return 0.0
+  from math_verify import verify
+  _quiet_math_verify()
+  try:
+    answer = expand_repeating_decimals(answer)
+    found = _parse_math(answer) if answer is not None else []
+    return 1.0 if found and verify(gold, found, timeout_seconds=None) else 0.0
+  except Exception:  # noqa: BLE001 - an unreadable answer is a wrong answer
+    return 0.0
+
+
+def verify_boxed(gold: list | None, completion: str) -> float:
+  """Strict grade: 1.0 only when the completion's last ``\\boxed{...}`` holds the gold.
+
+  The answer is the content of the completion's last box (``find_boxed``, after
+  ``to_ascii_math``: the last box wins, also ``\\fbox{}`` and ``boxed{}`` without its
+  backslash), read as ``extract_answer_text`` reads text: after the last ``</think>``, and
+  none in a completion whose ``<think>`` never closes (it stopped while reasoning). No other
+  rule of ``extract_answer_text`` applies, so an answer given in any other form (``#### 5``,
+  "the answer is 5", a bare ``5``, an ``<answer>`` tag without a box) scores 0.0, and so
+  does an empty or unclosed last box. The content is compared with math-verify as
+  ``verify_answer`` does (``\\boxed{0.5}`` equals gold ``\\frac{1}{2}``; thousands
+  separators and units are dropped first: ``\\boxed{1,000}`` equals 1000).
+
+  Args:
+    gold: ``parse_gold``'s result for the example; ``None`` (invalid example) gives 0.0.
+    completion: decoded completion text.
+
+  Returns:
+    0.0 or 1.0. No exception for any completion (empty, garbage, unbalanced braces); a call
+    may run long on a pathological box — bound it from outside (module docstring).
+  """
+  try:
+    return _verify_text(gold, boxed_answer(completion))
+  except Exception:  # noqa: BLE001 - never raises, whatever the completion
+    return 0.0
+
+
+def verify_last_number(gold: list | None, completion: str) -> float:
+  """Lenient grade: 1.0 when the last number written in the completion equals the gold.
+
+  No format is needed: the number is the last match of the module's number pattern in the
+  whole completion (after ``to_ascii_math``), wherever it stands (in a box, a sentence,
+  a formula). How text reads as a number:
+
+  * a ``-`` is the number's sign unless it follows a digit, a letter or a closing
+    bracket, where it is the binary minus: ``"5-3"`` reads 3, ``"x = -5"`` reads -5;
+  * a comma (or any of ``_SEP``'s thousands separators) joins digit groups only before
+    exactly three digits: ``"1,200"`` reads 1200, but ``"1,2"`` is a list and reads 2;
+  * decimals and plain fractions are numbers (``"12.0"`` equals gold 12, ``"3/4"`` is
+    0.75); a final period is not a decimal point (``"is 12."`` reads 12); a percentage
+    follows ``verify_answer``'s convention (``"50%"`` equals 50 and 0.5);
+  * LaTeX is not read: ``"\\frac{1}{2}"`` reads 2 and ``"1e5"`` reads 5, so this grade is
+    meant for tasks whose answers are integers or decimals.
+
+  The number is compared with the gold by math-verify (6-digit rounding), as
+  ``verify_answer`` compares.
+
+  Args:
+    gold: ``parse_gold``'s result for the example; ``None`` (invalid example) gives 0.0.
+    completion: decoded completion text.
+
+  Returns:
+    0.0 or 1.0 (0.0 when the completion has no number). No exception for any completion.
+  """
+  try:
+    found = _last_number(to_ascii_math(completion))
+    return _verify_text(gold, found[0] if found else None)
+  except Exception:  # noqa: BLE001 - never raises, whatever the completion
+    return 0.0
+
+
 def with_parsed_gold(examples: list) -> tuple[list, int]:
   """The examples with ``gold`` set to ``parse_gold(example.answer)``, those whose gold
   cannot be parsed dropped (invalid: never scored, so never a free reward).
@@ -523,11 +630,52 @@ def with_parsed_gold(examples: list) -> tuple[list, int]:
 class MathReward:
   """The math reward as a small picklable callable ``(completion, example) -> float``: what
   a scoring worker process receives (``jaxreplay.tasks.scoring``), without the task's
-  example lists. Reads the gold parsed once per example from ``example.gold``."""
+  example lists. Reads the gold parsed once per example from ``example.gold``.
+
+  Its graders (``GRADERS``, called by name through the same scorer:
+  ``Scorer(..)(texts, examples, grader="strict")``) grade an evaluation's completions
+  besides the reward: ``strict`` (``verify_boxed``) and ``lenient``
+  (``verify_last_number``). ``reward_grader`` names the grader the reward equals, if any
+  (evaluation then reuses the rewards instead of grading again)."""
+
+  GRADERS = ("strict", "lenient")
+  reward_grader: str | None = None
 
   def __call__(self, completion: str, example) -> float:
     return verify_answer(example.gold, completion)
 
+  def strict(self, completion: str, example) -> float:
+    """``verify_boxed`` of ``completion`` against ``example.gold``: 0.0 or 1.0."""
+    return verify_boxed(example.gold, completion)
+
+  def lenient(self, completion: str, example) -> float:
+    """``verify_last_number`` of ``completion`` against ``example.gold``: 0.0 or 1.0."""
+    return verify_last_number(example.gold, completion)
+
   def warm_up(self) -> None:
     """Imports math-verify and sympy and scores once (seconds on a loaded machine)."""
     verify_answer(parse_gold("\\frac{1}{2}"), "\\boxed{0.5}")
+
+
+class BoxedReward(MathReward):
+  """``answer_extraction='boxed'``: the reward is the strict grade, ``verify_boxed`` (only
+  the last ``\\boxed{}`` counts), as a picklable callable like ``MathReward``."""
+
+  reward_grader = "strict"
+
+  def __call__(self, completion: str, example) -> float:
+    return verify_boxed(example.gold, completion)
+
+
+def math_reward_fn(answer_extraction: str) -> MathReward | None:
+  """The picklable reward of a math-graded task, by ``task.answer_extraction``.
+
+  Args:
+    answer_extraction: ``"math"`` (``verify_answer``), ``"boxed"`` (``verify_boxed``) or any
+      other (``"bare"``).
+
+  Returns:
+    ``MathReward()`` / ``BoxedReward()``, or ``None`` for an extraction math-verify does not
+    grade.
+  """
+  return {"math": MathReward, "boxed": BoxedReward}.get(answer_extraction, lambda: None)()

@@ -9,8 +9,8 @@ from typing import Any
 import reasoning_gym
 
 from jaxreplay.tasks.base import Example, binary_reward
-from jaxreplay.tasks.math_answer import MathReward, verify_answer, with_parsed_gold
-from jaxreplay.tasks.spec import ANSWER_EXTRACTIONS
+from jaxreplay.tasks.math_answer import math_reward_fn, with_parsed_gold
+from jaxreplay.tasks.spec import ANSWER_EXTRACTIONS, MATH_EXTRACTIONS
 
 # reasoning-gym builds item i from a generator seeded with seed + i, so the held-out
 # split uses a seed this far from the train seed, and is deduplicated by question text
@@ -30,9 +30,11 @@ class ReasoningGymTask:
     answer_extraction: ``"bare"`` — the completion is the answer, scored by the dataset's
       own ``score_answer``; ``"math"`` — chain-of-thought completions, the final answer
       extracted and compared with the gold answer parsed once per example
-      (``math_answer.verify_answer``).
-    invalid_gold: with ``"math"``, items per split whose gold answer math-verify cannot
-      parse; they are excluded from the splits (never scored, never a free reward).
+      (``math_answer.verify_answer``); ``"boxed"`` — the same, but only the last
+      ``\\boxed{}`` is read (``math_answer.verify_boxed``, the strict grade).
+    invalid_gold: with ``"math"`` or ``"boxed"``, items per split whose gold answer
+      math-verify cannot parse; they are excluded from the splits (never scored, never a
+      free reward).
     scorer: the ``scoring.Scorer`` the loop uses (set by ``make_task``).
   """
 
@@ -47,16 +49,18 @@ class ReasoningGymTask:
 
   def reward(self, completion: str, example: Example) -> float:
     """Binary reward: the dataset's own ``score_answer`` (see ``binary_reward``), or
-    math-verify against ``example.gold`` when ``answer_extraction='math'``."""
-    if self.answer_extraction == "math":
-      return verify_answer(example.gold, completion)
+    math-verify against ``example.gold`` when ``answer_extraction`` is ``'math'`` or
+    ``'boxed'``."""
+    if self.answer_extraction in MATH_EXTRACTIONS:
+      return self.reward_fn(completion, example)
     return binary_reward(lambda a: self._dataset.score_answer(a, example.meta), completion)
 
   @property
   def reward_fn(self):
-    """The picklable reward a scoring worker runs: ``MathReward`` for ``"math"`` (no
-    example lists shipped), else ``reward`` with the dataset bound."""
-    return MathReward() if self.answer_extraction == "math" else self.reward
+    """The picklable reward a scoring worker runs: ``MathReward`` for ``"math"``,
+    ``BoxedReward`` for ``"boxed"`` (no example lists shipped), else ``reward`` with the
+    dataset bound."""
+    return math_reward_fn(self.answer_extraction) or self.reward
 
 
 def _examples(dataset, template: str) -> list[Example]:
@@ -78,7 +82,7 @@ def make_reasoning_gym_task(name: str, seed: int, train_size: int, heldout_size:
     prompt_template: ``str.format`` template of the prompt over ``question`` and the
       item's metadata fields (chain_sum has ``expression``). ``"{question}"`` shows the
       full reasoning-gym question; ``"{expression} ="`` drops its constant instruction.
-    answer_extraction: ``"bare"`` or ``"math"`` (see ``ReasoningGymTask``).
+    answer_extraction: one of ``tasks.spec.ANSWER_EXTRACTIONS`` (see ``ReasoningGymTask``).
 
   Returns:
     A ``ReasoningGymTask``.
@@ -115,7 +119,7 @@ def make_reasoning_gym_task(name: str, seed: int, train_size: int, heldout_size:
                      "raise task.heldout_size or widen the difficulty")
   dropped = len(held_all) - len(heldout)
   invalid = {"train": 0, "heldout": 0}
-  if answer_extraction == "math":
+  if answer_extraction in MATH_EXTRACTIONS:
     train, invalid["train"] = with_parsed_gold(train)
     heldout, invalid["heldout"] = with_parsed_gold(heldout)
     if not train or not heldout:

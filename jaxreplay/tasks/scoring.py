@@ -15,6 +15,10 @@ reward per completion. How "too long" is enforced depends on where the call runs
   timeouts use ``signal.alarm`` (main thread only) and sympy can spin in C-level integer
   arithmetic that no signal interrupts (``9^{9^{9^{9}}}``).
 
+The same scorer also grades by a named method of its reward function (``grader``: an
+evaluation's strict and lenient grades of math tasks, ``math_answer.MathReward.strict`` /
+``.lenient``), through the same workers, timeout and failure accounting.
+
 Rewards do not depend on which worker scored them, so pooled and in-process scoring give
 the same rewards for calls that finish in time. The workers are separate interpreters
 started with ``subprocess`` (not ``fork``: the trainer's process runs JAX's threads, and a
@@ -131,7 +135,8 @@ class PoolStats:
 class Scorer:
   """Scores batches of completions with a reward function, with a per-call timeout.
 
-  ``scorer(texts, examples) -> (rewards [B] float32, failures int)``. ``workers=0`` scores
+  ``scorer(texts, examples, grader=None) -> (rewards [B] float32, failures int)``; with
+  ``grader`` each call is ``getattr(reward_fn, grader)(text, example)``. ``workers=0`` scores
   in this process (``score_in_process``); ``workers >= 1`` in that many worker processes,
   started on the first call and stopped by ``close()`` (also at interpreter exit, and a
   worker exits by itself when this process dies and its pipe closes).
@@ -174,15 +179,38 @@ class Scorer:
     """The pool's counters (all zero for ``workers=0``)."""
     return self._stats
 
-  def __call__(self, texts: Sequence[str], examples: Sequence[Any]) -> tuple[np.ndarray, int]:
-    """Rewards [B] float32 of ``texts`` against ``examples``, and the number of failures
-    (each scored 0: raised, non-finite, timed out, or its worker died)."""
+  def graders(self) -> tuple[str, ...]:
+    """The grader names the reward function offers (its ``GRADERS`` that are methods)."""
+    names = getattr(self.reward_fn, "GRADERS", ())
+    return tuple(g for g in names if callable(getattr(self.reward_fn, g, None)))
+
+  def __call__(self, texts: Sequence[str], examples: Sequence[Any],
+               grader: str | None = None) -> tuple[np.ndarray, int]:
+    """Scores of ``texts`` against ``examples``, one per completion.
+
+    Args:
+      texts: B decoded completions. examples: the B matching examples.
+      grader: None scores with ``reward_fn``; a name scores with that method of it
+        (``graders()``), with the same workers, timeout and failure accounting.
+
+    Returns:
+      (scores [B] float32, failures: int — calls that raised, returned a non-finite value,
+      timed out or lost their worker; each scored 0).
+
+    Raises:
+      ValueError: B completions but another number of examples, or a ``grader`` the
+        reward function does not offer. RuntimeError: as the class docstring says.
+    """
     if len(texts) != len(examples):
       raise ValueError(f"{len(texts)} completions but {len(examples)} examples")
+    if grader is not None and grader not in self.graders():
+      raise ValueError(f"grader {grader!r} is not one of {type(self.reward_fn).__name__}'s "
+                       f"graders {self.graders()}")
     if not self.workers:
-      return score_in_process(self.reward_fn, texts, examples, self.timeout_s)
+      fn = self.reward_fn if grader is None else getattr(self.reward_fn, grader)
+      return score_in_process(fn, texts, examples, self.timeout_s)
     with self._lock:
-      return self._score_pooled(texts, examples)
+      return self._score_pooled(texts, examples, grader)
 
   # --- the pool ---------------------------------------------------------------------------
 
@@ -244,7 +272,7 @@ class Scorer:
     self._kill(w)
     self._pool[self._pool.index(w)] = self._start_worker()
 
-  def _score_pooled(self, texts, examples) -> tuple[np.ndarray, int]:
+  def _score_pooled(self, texts, examples, grader=None) -> tuple[np.ndarray, int]:
     """Chunks of items go to idle workers; a worker answers each item as it finishes, and
     the first unanswered item of a worker has ``timeout_s`` from the previous answer (or
     the send). At the deadline, or when the worker dies, that item fails, the worker is
@@ -270,7 +298,8 @@ class Scorer:
           k = min(_MAX_CHUNK, -(-len(pending) // self.workers))
           chunk = [pending.popleft() for _ in range(min(k, len(pending)))]
           try:
-            w.send.send_bytes(pickle.dumps([(i, texts[i], examples[i]) for i in chunk]))
+            w.send.send_bytes(pickle.dumps((grader, [(i, texts[i], examples[i])
+                                                     for i in chunk])))
           except OSError:  # died while idle: its chunk goes to the replacement
             pending.extendleft(reversed(chunk))
             counts["restarts"] += 1
@@ -329,8 +358,9 @@ class Scorer:
 
 def _worker_main(fd_in: int, fd_out: int) -> None:
   """A worker: reads the pickled reward function, says ready, then answers each item of a
-  chunk ``[(index, text, example), ...]`` with ``(index, ok, value)`` as soon as it is
-  scored, until its input closes."""
+  chunk ``(grader, [(index, text, example), ...])`` with ``(index, ok, value)`` as soon as
+  it is scored (by the reward function, or its method ``grader`` when not None), until its
+  input closes."""
   inp, outp = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
   reward_fn = pickle.loads(inp.recv_bytes())
   warm_up = getattr(reward_fn, "warm_up", None)
@@ -339,12 +369,13 @@ def _worker_main(fd_in: int, fd_out: int) -> None:
   outp.send_bytes(_READY)
   while True:
     try:
-      chunk = pickle.loads(inp.recv_bytes())
+      grader, chunk = pickle.loads(inp.recv_bytes())
     except EOFError:
       return
+    fn = reward_fn if grader is None else getattr(reward_fn, grader)
     for i, text, example in chunk:
       try:
-        value, ok = float(reward_fn(text, example)), True
+        value, ok = float(fn(text, example)), True
       except Exception:  # noqa: BLE001 - reported as a failure to the parent
         value, ok = 0.0, False
       outp.send_bytes(pickle.dumps((i, ok, value)))

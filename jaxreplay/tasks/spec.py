@@ -13,7 +13,7 @@ Which option applies to which source:
 | ``solution_field`` | must be ``""`` | ``format='math'`` only (``""``: ``solution``) |
 | ``seed``, ``train_size``, ``heldout_size`` | generator seed and sizes | a seeded subset of at most that many rows per split |
 | ``prompt_template`` | over ``question`` and the item's metadata | over ``question`` and the row's columns |
-| ``answer_extraction`` | ``bare``: the dataset's scorer; ``math``: math-verify | ``bare``: exact match; ``math``: math-verify |
+| ``answer_extraction`` | ``bare``: the dataset's scorer; ``math``, ``boxed``: math-verify | ``bare``: exact match; ``math``, ``boxed``: math-verify |
 | ``chat_template``, ``system_prompt``, ``prompt_width``, ``on_too_long`` | the prompt's encoding (any source) | same |
 | ``reward_timeout_s``, ``reward_workers`` | how rewards are scored (any source) | same |
 """
@@ -28,7 +28,10 @@ from jaxreplay.spec import Spec, fail, field
 SOURCES = ("reasoning_gym", "jsonl", "parquet")
 FILE_SOURCES = ("jsonl", "parquet")
 FORMATS = ("plain", "gsm8k", "math")
-ANSWER_EXTRACTIONS = ("bare", "math")
+ANSWER_EXTRACTIONS = ("bare", "math", "boxed")
+# The extractions graded by math-verify: their evaluations are also graded strictly and
+# leniently (``train.evaluate``), and they need a worker pool.
+MATH_EXTRACTIONS = ("math", "boxed")
 ON_TOO_LONG = ("truncate_left", "skip")
 # Column names of each file format when the config leaves them "" (GSM8K: question/answer;
 # MATH and OpenR1-Math: problem/solution, and OpenR1's answer column).
@@ -60,7 +63,10 @@ class TaskSpec(Spec):
     reward_timeout_s: >= 0 seconds a reward call may run before it scores 0 and is counted
       (0 = no limit).
     answer_extraction: how the answer is read, one of ``ANSWER_EXTRACTIONS``: ``bare`` (the
-      completion is the answer) or ``math`` (math-verify).
+      completion is the answer), ``math`` (the stated answer by ``math_answer``'s rules,
+      math-verify) or ``boxed`` (only the last ``\\boxed{}``, math-verify: the strict
+      grade). With ``math`` and ``boxed`` each evaluation is also graded strictly and
+      leniently (``train.evaluate``).
     chat_template: wrap prompts in the checkpoint's chat template (model.source='hf').
     system_prompt: a system turn of the chat template ("" = none).
     format: how a file's gold is read, one of ``FORMATS`` (plain, gsm8k ``####``, math boxed).
@@ -194,9 +200,9 @@ def _check_task(cfg: TaskSpec) -> None:
               "task.heldout_path")
   timeout = cfg.reward_timeout_s
   workers = cfg.reward_workers
-  if workers == 0 and extraction == "math":
-    _fail("reward_workers", 0, "task.answer_extraction='math' needs a process pool (>= 1): "
-          "math-verify and sympy can hang in C code that no thread or signal can stop")
+  if workers == 0 and extraction in MATH_EXTRACTIONS:
+    _fail("reward_workers", 0, f"task.answer_extraction={extraction!r} needs a process pool "
+          "(>= 1): math-verify and sympy can hang in C code that no thread or signal can stop")
   if workers > 0 and not timeout > 0:
     _fail("reward_timeout_s", timeout, f"must be > 0 with task.reward_workers={workers}: the "
           "timeout is what replaces a stuck worker")

@@ -143,8 +143,11 @@ def resume(run, fresh: Carry) -> Carry:
     before = evaluate_and_record(run, fresh.state.params, jax.random.fold_in(eval_key(fresh), 0),
                                  0)
     run.writer.write(0, {f"eval/{k}": v for k, v in before.items()})
+    grades = "".join(f"; {g}: greedy {before[f'acc_greedy_{g}']:.3f}, sampled "
+                     f"{before[f'acc_sampled_{g}']:.3f}" for g in ("strict", "lenient")
+                     if f"acc_sampled_{g}" in before)
     run.log(f"held-out before RL: greedy {before['acc_greedy']:.3f}, "
-            f"sampled {before['acc_sampled']:.3f}")
+            f"sampled {before['acc_sampled']:.3f}{grades}")
     return fresh.replace(eval_before=before, last_eval=dict(before))
   tree, meta = restored
   carry = fresh.replace(

@@ -1,4 +1,5 @@
-"""Held-out evaluation: greedy and sampled accuracy, pass@k, length, fresh-sample entropy."""
+"""Held-out evaluation: greedy and sampled accuracy, pass@k, length, fresh-sample entropy;
+for math-graded tasks also strict and lenient accuracy (``grader_names``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.rl.scoring import plan_rows, token_logprobs_by_rows
 from jaxreplay.sampling import generate
 from jaxreplay.tasks.base import Example
+from jaxreplay.tasks.spec import MATH_EXTRACTIONS
 from jaxreplay.train.policy import TextIO, score
 
 PASS_AT = (1, 2, 4, 8, 16)
@@ -48,6 +50,37 @@ def pass_at_k(num_samples: np.ndarray, num_correct: np.ndarray, k: int) -> np.nd
   return out
 
 
+def grader_names(task) -> tuple[str, ...]:
+  """The graders an evaluation of ``task`` runs besides its reward.
+
+  A task graded by math-verify (``task.answer_extraction`` in ``MATH_EXTRACTIONS``) whose
+  reward function offers them (``tasks.math_answer.MathReward``) is graded ``"strict"``
+  (only the last ``\\boxed{}`` counts) and ``"lenient"`` (the last number, no format
+  needed), so that a format gain and a correctness gain are told apart; any other task
+  (``"bare"``, a reward function swapped for one without graders) by none.
+
+  Args:
+    task: the task (``answer_extraction``, and ``scorer`` or ``reward_fn``).
+
+  Returns:
+    The grader names, e.g. ``("strict", "lenient")``, or ``()``.
+  """
+  if getattr(task, "answer_extraction", "bare") not in MATH_EXTRACTIONS:
+    return ()
+  scorer = getattr(task, "scorer", None)
+  if scorer is not None:
+    return scorer.graders()
+  fn = getattr(task, "reward_fn", None)
+  return tuple(g for g in getattr(fn, "GRADERS", ()) if callable(getattr(fn, g, None)))
+
+
+def _reward_grader(task) -> str | None:
+  """The grader the task's reward equals (``MathReward.reward_grader``), if any."""
+  scorer = getattr(task, "scorer", None)
+  fn = scorer.reward_fn if scorer is not None else getattr(task, "reward_fn", None)
+  return getattr(fn, "reward_grader", None)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "top_k", "top_p",
                                              "logprob_chunk", "rows"))
 def _entropy_sum(graphdef, params, prompt_tokens, prompt_mask, tokens, mask, *, temperature,
@@ -71,9 +104,13 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
   """Held-out accuracy: greedy (temperature 0) and sampled at ``temperature``, with pass@k.
 
   Rewards go through ``policy.score``: the task's scorer, with the same timeout and worker
-  pool as training. The sampled pass draws ``samples_per_example`` completions per example;
-  pass@k for k in ``PASS_AT`` up to that count uses the unbiased estimator (``pass_at_k``) with
-  "correct" meaning reward >= ``correct_threshold``. The fresh-sample entropy is the
+  pool as training. A math-graded task's completions of both passes are also graded by each
+  of ``grader_names(task)`` through the same scorer (a call that fails scores 0 and is
+  counted in ``grade_failures``); a grader the reward equals (``answer_extraction='boxed'``
+  is the strict grade) reuses the rewards instead of grading again. The sampled pass draws
+  ``samples_per_example`` completions per example; pass@k for k in ``PASS_AT`` up to that
+  count uses the unbiased estimator (``pass_at_k``) with "correct" meaning reward >=
+  ``correct_threshold``. The fresh-sample entropy is the
   mean per-token entropy of the policy's (tempered) next-token distribution over the
   completion tokens it just sampled — comparable to the training-batch ``entropy``,
   which is measured on replayed, possibly stale samples.
@@ -106,10 +143,16 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
     (mean completion length, tokens), "entropy_fresh" (nats per token),
     "pass@k" for each k in PASS_AT with k <= samples_per_example (fractions in [0, 1]),
     "reward_failures" (int: reward calls of both passes that raised, returned NaN, timed
-    out or lost their scoring worker; each scored 0)}; with ``record``, also "samples": the
-    list of completion records (``train.samples.split`` takes it out).
+    out or lost their scoring worker; each scored 0)}; for each grader G of
+    ``grader_names(task)`` also "acc_greedy_G" and "acc_sampled_G" (mean grade of each
+    pass, fractions in [0, 1]: "acc_greedy_strict", "acc_sampled_lenient", ...) and once
+    "grade_failures" (int: grading calls that failed as a reward call can, each scored 0);
+    with ``record``, also "samples": the list of completion records
+    (``train.samples.split`` takes it out), carrying each grade.
   """
-  failures = [0]  # reward calls that raised, timed out or lost their worker (scored 0)
+  failures = [0, 0]  # reward, grading calls that raised, timed out or lost their worker
+  graders = grader_names(task)
+  same = _reward_grader(task)
 
   def tick():  # before each decode chunk: the bar moves, the weights stay
     if progress is not None:
@@ -134,6 +177,13 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
     texts = io.decode(out["tokens"], out["mask"])
     rewards, f = score(task, texts, rows)
     failures[0] += f
+    grades = {}
+    for g in graders:
+      if g == same:
+        grades[g] = rewards
+      else:
+        grades[g], f = score(task, texts, rows, grader=g)
+        failures[1] += f
     ent = [0.0, 0]
     if with_entropy:  # scored ``chunk`` rows at a time (fixed shapes; the last chunk padded)
       ptoks, pmask = np.repeat(toks, group, 0), np.repeat(mask, group, 0)
@@ -152,14 +202,19 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
             top_p=tp, logprob_chunk=logprob_chunk, rows=score_rows, plan=plan))
         ent[0] += float(e_sum)
         ent[1] += int(e_cnt)
-    return rewards, out["length"], ent[0] / max(ent[1], 1), texts
+    return rewards, out["length"], ent[0] / max(ent[1], 1), texts, grades
 
-  r_g, len_g, _, t_g = run(0.0, key, 1)
-  r_s, len_s, ent, t_s = run(temperature, key, samples_per_example, with_entropy=True,
-                             tk=top_k, tp=top_p)
+  r_g, len_g, _, t_g, grades_g = run(0.0, key, 1)
+  r_s, len_s, ent, t_s, grades_s = run(temperature, key, samples_per_example,
+                                       with_entropy=True, tk=top_k, tp=top_p)
   out = {"acc_greedy": float(r_g.mean()), "acc_sampled": float(r_s.mean()),
          "len_sampled": float(len_s.mean()), "entropy_fresh": float(ent),
          "reward_failures": failures[0]}
+  for g in graders:
+    out[f"acc_greedy_{g}"] = float(grades_g[g].mean())
+    out[f"acc_sampled_{g}"] = float(grades_s[g].mean())
+  if graders:
+    out["grade_failures"] = failures[1]
   correct = (r_s >= correct_threshold).reshape(len(examples), samples_per_example).sum(1)
   n = np.full(len(examples), samples_per_example)
   for k in PASS_AT:
@@ -168,5 +223,6 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
   if record:
     from jaxreplay.train.samples import eval_records
     out["samples"] = eval_records(task, examples, record, (t_g, r_g, len_g), (t_s, r_s, len_s),
-                                  samples_per_example)
+                                  samples_per_example,
+                                  grades={g: (grades_g[g], grades_s[g]) for g in graders})
   return out

@@ -81,6 +81,11 @@ def restore(config: RunConfig, log=print) -> tuple[Run, Carry]:
   return job, resume(job, carry)
 
 
+def _is_grade(key: str) -> bool:
+  """An evaluation key of a grader's accuracy: ``acc_greedy_G`` or ``acc_sampled_G``."""
+  return key.startswith(("acc_greedy_", "acc_sampled_"))
+
+
 def finish(job: Run, carry: Carry) -> dict:
   """Waits for the checkpoint writes, closes the writer and writes ``summary.json``.
 
@@ -88,10 +93,12 @@ def finish(job: Run, carry: Carry) -> dict:
     job: the ``build.Run``. carry: the carry after the last step.
 
   Returns:
-    The summary: held-out accuracy before and after, generated / trained tokens and
-    rollouts, configured and completed learner steps (``steps``, ``steps_done``) and
-    whether the generation budget ended the run (``budget_reached``), wall time and phase timers, the ledger with the derived μ, W/T, γ and the
-    items still unused in the buffer, the last evaluation, checkpoint paths.
+    The summary: held-out accuracy before and after (``acc_{greedy,sampled}_{before,after}``;
+    for a math-graded task also ``acc_{greedy,sampled}_{strict,lenient}_{before,after}``),
+    generated / trained tokens and rollouts, configured and completed learner steps
+    (``steps``, ``steps_done``) and whether the generation budget ended the run
+    (``budget_reached``), wall time and phase timers, the ledger with the derived μ, W/T, γ
+    and the items still unused in the buffer, the last evaluation, checkpoint paths.
   """
   with progress.phase("checkpoint write", enabled=job.progress, log=job.log):
     job.manager.wait_until_finished()
@@ -107,6 +114,10 @@ def finish(job: Run, carry: Carry) -> dict:
   summary = {
       "acc_greedy_before": before["acc_greedy"], "acc_sampled_before": before["acc_sampled"],
       "acc_greedy_after": final["acc_greedy"], "acc_sampled_after": final["acc_sampled"],
+      # a math-graded task's strict and lenient accuracy (``evaluate.grader_names``), when
+      # both evaluations have them
+      **{f"{k}_{when}": e[k] for k in before if k in final and _is_grade(k)
+         for when, e in (("before", before), ("after", final))},
       "generated_tokens": counts["generated_tokens"], "trained_tokens": counts["trained_tokens"],
       "generated_rollouts": counts["generated_rollouts"], "steps": job.train.steps,
       "steps_done": carry.step,

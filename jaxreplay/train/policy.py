@@ -117,7 +117,7 @@ class HFTextIO(TextIO):
 
 
 def score(task, texts: Sequence[str], examples: Sequence[Example],
-          timeout_s: float | None = None) -> tuple[np.ndarray, int]:
+          timeout_s: float | None = None, grader: str | None = None) -> tuple[np.ndarray, int]:
   """Rewards of decoded completions. A reward function that raises, returns a non-finite
   value, or runs longer than its timeout gives reward 0 and is counted.
 
@@ -127,17 +127,28 @@ def score(task, texts: Sequence[str], examples: Sequence[Example],
   ``reward`` is scored in this process with ``timeout_s``.
 
   Args:
-    task: has ``scorer``, or ``reward(text, example) -> float``.
+    task: has ``scorer``, or ``reward(text, example) -> float`` (and, for ``grader``, a
+      ``reward_fn`` with that method).
     texts: B decoded completions. examples: the B matching examples.
     timeout_s: per-completion limit in seconds without a scorer (None: no limit, no thread).
+    grader: None for the reward; a grader's name (``tasks.scoring.Scorer.graders``, e.g.
+      ``"strict"``) to grade with it instead, the same way.
 
   Returns:
     (rewards [B] float32, number of reward failures).
+
+  Raises:
+    ValueError: a ``grader`` the task's reward function does not offer.
   """
   scorer = getattr(task, "scorer", None)
   if scorer is not None:
-    return scorer(texts, examples)
-  return score_in_process(task.reward, texts, examples, timeout_s)
+    return scorer(texts, examples, grader=grader)
+  if grader is None:
+    return score_in_process(task.reward, texts, examples, timeout_s)
+  fn = getattr(getattr(task, "reward_fn", None), grader, None)
+  if fn is None:
+    raise ValueError(f"the task's reward function has no grader {grader!r}")
+  return score_in_process(fn, texts, examples, timeout_s)
 
 
 def sample_completions(graphdef, params, io: TextIO, task, examples: Sequence[Example],

@@ -3,7 +3,8 @@
 * ``eval_STEP.jsonl``: every evaluation (step 0 is the starting policy), one record per
   completion of a fixed subset of held-out questions (``eval.record`` of them, drawn once
   with the run's seed, the same every time): greedy and each sampled completion, with the
-  prompt, the completion, the extracted and gold answers, the reward and the token count.
+  prompt, the completion, the extracted and gold answers, the reward and the token count
+  (for a math-graded task also its strict and lenient grades, ``train.evaluate``).
   The records come from the evaluation's own generations: recording decodes nothing twice
   and generates nothing more.
 * ``train_STEP.jsonl``: every ``log.record_every`` learner steps, the first
@@ -63,16 +64,22 @@ def record_indices(num_examples: int, count: int, seed: int) -> list[int]:
 
 def extracted_answer(task, completion: str) -> str | None:
   """The answer ``task`` reads from ``completion``: math-verify's extraction with
-  ``answer_extraction='math'``, else the bare answer (``tasks.base.extract_answer``)."""
-  if getattr(task, "answer_extraction", "bare") == "math":
+  ``answer_extraction='math'``, the last box's content with ``'boxed'``, else the bare
+  answer (``tasks.base.extract_answer``)."""
+  extraction = getattr(task, "answer_extraction", "bare")
+  if extraction == "math":
     from jaxreplay.tasks.math_answer import extract_answer_text
     return extract_answer_text(completion)
+  if extraction == "boxed":
+    from jaxreplay.tasks.math_answer import boxed_answer
+    return boxed_answer(completion)
   from jaxreplay.tasks.base import extract_answer
   return extract_answer(completion)
 
 
 def eval_records(task, examples: Sequence[Any], indices: Sequence[int], greedy: tuple,
-                 sampled: tuple, samples_per_example: int) -> list[dict]:
+                 sampled: tuple, samples_per_example: int,
+                 grades: dict | None = None) -> list[dict]:
   """The records of one evaluation for the questions ``indices``.
 
   Args:
@@ -81,11 +88,14 @@ def eval_records(task, examples: Sequence[Any], indices: Sequence[int], greedy: 
     greedy: (texts [E] str, rewards [E] float, lengths [E] int) of the greedy pass.
     sampled: (texts [E·S], rewards [E·S], lengths [E·S]) of the sampled pass, S per example
       consecutively. samples_per_example: S.
+    grades: optional {grader name: (greedy [E] float, sampled [E·S] float)}, the
+      evaluation's other grades (``train.evaluate``: "strict", "lenient").
 
   Returns:
-    One dict per completion (``EVAL_FIELDS`` but ``step``): greedy first, then the S sampled,
-    per question in ``indices`` order.
+    One dict per completion (``EVAL_FIELDS`` but ``step``, then one field per grader,
+    named by it): greedy first, then the S sampled, per question in ``indices`` order.
   """
+  grades = grades or {}
   out = []
   for i in indices:
     e = examples[i]
@@ -95,7 +105,8 @@ def eval_records(task, examples: Sequence[Any], indices: Sequence[int], greedy: 
       out.append({"question_id": int(i), "mode": mode, "sample": j, "prompt": e.prompt,
                   "completion": texts[r], "extracted": extracted_answer(task, texts[r]),
                   "gold": e.answer, "reward": float(rewards[r]),
-                  "completion_tokens": int(lengths[r])})
+                  "completion_tokens": int(lengths[r]),
+                  **{g: float(pair[mode == "sampled"][r]) for g, pair in grades.items()}})
   return out
 
 
