@@ -44,7 +44,8 @@ def test_recipes_page_has_a_block_per_recipe():
   blocks = python_blocks(open(RECIPES).read())
   titles = [t for t, _ in blocks]
   assert titles == ["Your own reward function", "Your own dataset",
-                    "Your own checkpoint or model family", "Your own loss"], titles
+                    "Your own checkpoint or model family", "Your own model",
+                    "Your own loss"], titles
   for title, code in blocks:
     assert "assert" in code, f"the '{title}' recipe checks nothing"
 

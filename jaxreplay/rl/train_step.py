@@ -10,6 +10,7 @@ parameters and optimizer state untouched and is reported in the metrics.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import flax.struct
@@ -17,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import logging
 from flax import nnx
 
 from jaxreplay.rl import diagnostics, losses, packing, value
@@ -27,6 +29,65 @@ from jaxreplay.rl.spec import SCHEDULES, AlgoSpec
 from jaxreplay.rollout import Rollout
 
 sg = jax.lax.stop_gradient
+# What the packed learner (``algo.pack_sequences``) and the chunked vocabulary pass
+# (``algo.logprob_chunk``) call on the policy besides ``__call__`` (``scoring.packed_scores``,
+# ``scoring.chunked_scores``): ``models.Transformer`` has both.
+HIDDEN_METHODS = ("hidden", "project_logits")
+
+
+def missing_methods(graphdef: nnx.GraphDef, names=HIDDEN_METHODS) -> tuple[str, ...]:
+  """The methods of ``names`` the policy's class lacks.
+
+  Args:
+    graphdef: the policy graph (``nnx.split``); its root node names the policy's class.
+    names: method names to look for.
+
+  Returns:
+    The missing names, in ``names`` order (empty when the class has them all, or when the
+    graph does not name a class: nothing is assumed missing then).
+  """
+  try:
+    cls = graphdef.nodes[0].type
+  except (AttributeError, IndexError, TypeError):
+    return ()
+  if not isinstance(cls, type):
+    return ()
+  return tuple(n for n in names if not callable(getattr(cls, n, None)))
+
+
+def fit_to_policy(graphdef: nnx.GraphDef, spec: AlgoSpec) -> AlgoSpec:
+  """``spec`` as the policy can run it: a policy without ``HIDDEN_METHODS`` (one that
+  implements only ``__call__``) trains unpacked.
+
+  With ``algo.pack_sequences`` on and a method missing, one line is logged (a warning,
+  naming the methods and the option) and the spec returned with ``pack_sequences=False``:
+  the unpacked learner needs only ``__call__`` and computes the same loss and gradient, at
+  full [B, T] width.
+
+  Args:
+    graphdef: the policy graph. spec: the ``AlgoSpec``.
+
+  Returns:
+    The spec, with ``pack_sequences`` off where the policy cannot be packed.
+
+  Raises:
+    ValueError: ``algo.logprob_chunk > 0`` with a method missing (one line naming the
+      methods and the option): the chunked pass needs the hidden states, and falling back
+      would materialise the [B, T, V] logits the option was set to avoid.
+  """
+  missing = missing_methods(graphdef)
+  if not missing:
+    return spec
+  name = graphdef.nodes[0].type.__name__
+  if spec.logprob_chunk:
+    raise ValueError(f"algo.logprob_chunk={spec.logprob_chunk} needs the policy methods "
+                     f"{' and '.join(HIDDEN_METHODS)}; {name} lacks {' and '.join(missing)}: "
+                     "implement them as models.Transformer does, or set algo.logprob_chunk=0")
+  if spec.pack_sequences:
+    logging.warning("the policy %s lacks %s, which algo.pack_sequences needs: training "
+                    "unpacked (algo.pack_sequences=False)", name, " and ".join(missing))
+    spec = dataclasses.replace(spec, pack_sequences=False)
+  return spec
 
 
 @flax.struct.dataclass
@@ -304,12 +365,16 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     packed rows compiles once. ``train_step.lower`` lowers the jitted step. Without
     ``pack_sequences`` it is the jitted step, always at full width.
 
+  A policy that implements only ``__call__`` (no ``hidden`` / ``project_logits``) trains
+  unpacked, with a one-line warning at build time (``fit_to_policy``).
+
   Raises:
-    ValueError: invalid ``algo`` (at build time); B not divisible by
+    ValueError: invalid ``algo``, or ``algo.logprob_chunk > 0`` for a policy without
+      ``hidden`` / ``project_logits`` (at build time); B not divisible by
       ``num_minibatches × grad_accum_steps`` or a missing value head / reference (at
       trace time).
   """
-  spec = AlgoSpec.from_config(algo)
+  spec = fit_to_policy(graphdef, AlgoSpec.from_config(algo))
   n_updates = spec.updates_per_step
   grad_fn = make_grad_fn(graphdef, spec, temperature, top_k, top_p)
   # The gradient-free passes over the whole batch (reference, proximal policy, start
