@@ -257,6 +257,17 @@ def test_each_format_runs_end_to_end(name, checkpoint, shared_compiles, tmp_path
   assert np.isfinite(first["loss"]) and 0.0 <= first["reward"] <= 1.0
   evals = [r for r in rows if "eval/acc_sampled" in r]
   assert [r["step"] for r in evals] == [0, 2]
+  # every evaluation is also graded strictly and leniently; the summary has both, before
+  # and after, and the closing summary prints a line for each
+  from jaxreplay.main import summary_lines
+  for g in ("strict", "lenient"):
+    for mode in ("greedy", "sampled"):
+      assert [r[f"eval/acc_{mode}_{g}"] for r in evals] == [
+          summary[f"acc_{mode}_{g}_before"], summary[f"acc_{mode}_{g}_after"]]
+  assert [r["eval/grade_failures"] for r in evals] == [0, 0]
+  lines = summary_lines(summary, c.sampler.temperature)
+  assert [line.split(",")[1].split("(")[0].strip() for line in lines[3:5]] == ["strict",
+                                                                               "lenient"]
   failures = summary["ledger"]["reward_failures"] + sum(r["eval/reward_failures"] for r in evals)
   if faults:
     assert not (tmp_path / "crash").exists() and not (tmp_path / "hang").exists()
