@@ -34,36 +34,68 @@ from flax import nnx
 
 from jaxreplay.models import gguf
 from jaxreplay.sampling import generate
+from jaxreplay.tasks.math_answer import verify_boxed, verify_last_number
 from jaxreplay.tasks.reasoning_gym_task import make_reasoning_gym_task
 
-SYSTEM = ("You are a helpful math assistant. Think step by step, then write the final answer "
+# the system turn of configs/smollm2_135m.py, so a probed family reads as the preset would
+SYSTEM = ("Solve the problem. Think step by step, briefly, then write the final answer "
           "as \\boxed{N}.")
-# name -> reasoning-gym options (kept easy: a 135M model).
+# probe name -> (reasoning-gym dataset, its options). The first four are the easy families an
+# earlier probe tried; the rest are candidates for a task with room to learn (issue 39):
+# arithmetic the 135M instruct model gets right 10-40% of the time sampled, with many more
+# distinct questions than an RL run sees.
 TASKS = {
-    "basic_arithmetic": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2,
-                             operators=("+", "-"), allow_parentheses=False, allow_negation=False),
-    "chain_sum": dict(min_terms=2, max_terms=3, min_digits=1, max_digits=2),
-    "leg_counting": dict(min_animals=1, max_animals=2, min_instances=1, max_instances=3),
-    "products": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
+    "basic_arithmetic": ("basic_arithmetic", dict(
+        min_terms=2, max_terms=2, min_digits=1, max_digits=2, operators=("+", "-"),
+        allow_parentheses=False, allow_negation=False)),
+    "chain_sum": ("chain_sum", dict(min_terms=2, max_terms=3, min_digits=1, max_digits=2)),
+    "leg_counting": ("leg_counting", dict(min_animals=1, max_animals=2, min_instances=1,
+                                          max_instances=3)),
+    "products": ("products", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)),
+    # two 3-digit numbers added or subtracted (carries and borrows)
+    "sum_3digit": ("chain_sum", dict(min_terms=2, max_terms=2, min_digits=3, max_digits=3)),
+    # three or four 2-digit terms, + and -
+    "chain_2digit": ("chain_sum", dict(min_terms=3, max_terms=4, min_digits=2, max_digits=2)),
+    # products of 1- and 2-digit numbers (most with a 2-digit factor)
+    "products_2digit": ("products", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2)),
+    # three terms with + - * (precedence), 1-2 digits
+    "mixed_ops": ("basic_arithmetic", dict(
+        min_terms=3, max_terms=3, min_digits=1, max_digits=2, operators=("+", "-", "*"),
+        allow_parentheses=False, allow_negation=False)),
 }
+# countdown-style targets are left out: graded by value (math-verify), "17" would score as
+# well as an expression that reaches 17 from the given numbers.
+CANDIDATES = "sum_3digit,chain_2digit,products_2digit,mixed_ops"
 
 
-def accuracy(graphdef, params, tok, name, kwargs, *, questions, max_new_tokens, prompt_width,
-             seed=0):
-  """Sampled (T=1) and greedy accuracy of the model on ``questions`` held-out items.
+def accuracy(graphdef, params, tok, name, spec, *, questions, max_new_tokens, prompt_width,
+             seed=0, train_size=2000):
+  """Sampled (T=1) and greedy accuracy of the model on ``questions`` held-out items, graded
+  three ways: the math reward (``answer_extraction='math'``), strictly (the last
+  ``\\boxed{}`` only: ``math_answer.verify_boxed``) and leniently (the last number, any
+  format: ``math_answer.verify_last_number``).
+
+  Args:
+    spec: (reasoning-gym dataset, options) from ``TASKS``. train_size: the train split the
+      held-out questions are deduplicated against (as a preset's would be).
 
   Returns:
-    dict: task, sampled / greedy accuracy (fractions), mean completion lengths (tokens),
-    truncated fractions, seconds, and one example completion.
+    dict: task, accuracies (fractions) per pass and grade (``sampled``, ``sampled_strict``,
+    ``sampled_lenient``, likewise ``greedy_*``), mean completion lengths (tokens), truncated
+    fractions, seconds, distinct held-out questions (disjoint from train), one example.
   """
-  task = make_reasoning_gym_task(name, seed=seed, train_size=16, heldout_size=questions + 16,
-                                 kwargs=kwargs, answer_extraction="math")
+  dataset, kwargs = spec
+  task = make_reasoning_gym_task(dataset, seed=seed, train_size=train_size,
+                                 heldout_size=questions + 64, kwargs=kwargs,
+                                 answer_extraction="math")
   exs = task.heldout[:questions]
   chats = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": e.prompt}]
            for e in exs]
   tokens, mask, keep = tok.encode_chats(chats, prompt_width)
   assert keep.all(), f"{name}: a prompt is longer than {prompt_width} tokens"
-  out = {"task": name, "questions": len(exs)}
+  out = {"task": name, "dataset": dataset, "options": kwargs, "questions": len(exs),
+         "distinct_heldout": len({e.prompt for e in task.heldout}),
+         "distinct_train": len({e.prompt for e in task.train})}
   for label, temp in (("sampled", 1.0), ("greedy", 0.0)):
     t = time.perf_counter()
     g = generate(graphdef, params, tokens, mask, jax.random.key(seed), max_new_tokens=max_new_tokens,
@@ -71,6 +103,9 @@ def accuracy(graphdef, params, tok, name, kwargs, *, questions, max_new_tokens, 
     texts = tok.decode_completions(np.asarray(g.tokens), np.asarray(g.mask))
     rewards = np.array([task.reward(x, e) for x, e in zip(texts, exs)])
     out[label] = float(rewards.mean())
+    out[f"{label}_strict"] = float(np.mean([verify_boxed(e.gold, x) for x, e in zip(texts, exs)]))
+    out[f"{label}_lenient"] = float(np.mean([verify_last_number(e.gold, x)
+                                             for x, e in zip(texts, exs)]))
     out[f"{label}_len"] = float(np.asarray(g.length).mean())
     out[f"{label}_truncated"] = float(np.asarray(g.truncated).mean())
     out[f"{label}_s"] = round(time.perf_counter() - t, 1)
@@ -145,15 +180,18 @@ def main(argv=None):
     print(json.dumps(summary["timing"]), flush=True)
   rows = []
   if not args.only_timing:
-    print(f"{'task':18s} {'sampled':>8s} {'greedy':>8s} {'len(s)':>7s} {'len(g)':>7s} "
-          f"{'trunc(s)':>8s} {'secs':>6s}", flush=True)
+    print(f"{'task':16s} {'sampled':>7s} {'strict':>6s} {'lenient':>7s} {'greedy':>6s} "
+          f"{'strict':>6s} {'lenient':>7s} {'len(s)':>6s} {'len(g)':>6s} {'trunc(s)':>8s} "
+          f"{'distinct':>8s} {'secs':>5s}", flush=True)
     for name in args.tasks.split(","):
       r = accuracy(graphdef, params, tok, name, TASKS[name], questions=args.questions,
                    max_new_tokens=args.max_new_tokens, prompt_width=args.prompt_width)
       rows.append(r)
-      print(f"{name:18s} {r['sampled']:8.3f} {r['greedy']:8.3f} {r['sampled_len']:7.1f} "
-            f"{r['greedy_len']:7.1f} {r['sampled_truncated']:8.2f} "
-            f"{r['sampled_s'] + r['greedy_s']:6.0f}", flush=True)
+      print(f"{name:16s} {r['sampled']:7.3f} {r['sampled_strict']:6.3f} "
+            f"{r['sampled_lenient']:7.3f} {r['greedy']:6.3f} {r['greedy_strict']:6.3f} "
+            f"{r['greedy_lenient']:7.3f} {r['sampled_len']:6.1f} {r['greedy_len']:6.1f} "
+            f"{r['sampled_truncated']:8.2f} {r['distinct_heldout']:8d} "
+            f"{r['sampled_s'] + r['greedy_s']:5.0f}", flush=True)
   summary["tasks"] = rows
   if args.out:
     with open(args.out, "w") as f:
