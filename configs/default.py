@@ -100,7 +100,10 @@ def get_config():
   # not bit-reproducible). On-policy is N = R = B in any mode.
   c.train = config_dict.ConfigDict(dict(steps=200, batch_size=256, mode="sync", lag=1,
                                         weight_sync_every=1, async_timeout_s=600.0,
-                                        max_generated_rollouts=0))
+                                        max_generated_rollouts=0,
+                                        # JAX's persistent compilation cache ("" = off):
+                                        # restarts load their programs, not compile them
+                                        compilation_cache_dir="~/.cache/jaxreplay/xla"))
   # Reverb-style samples-per-insert limiter (async mode). samples_per_insert ρ is the replay
   # ratio it holds — the one-host stand-in for the paper's W/T split (W/T = μ/ρ); unset:
   # B/R. min_fill: items before the first sample (unset: B). error_buffer: tolerance of

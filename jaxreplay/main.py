@@ -27,6 +27,7 @@ def main(argv) -> None:
     config = specs(cfg)
   except ConfigError as e:
     raise SystemExit(f"jaxreplay: {e}") from None
+  enable_compilation_cache(config.train.compilation_cache_dir)
   settings = config.distributed.settings()
   if settings is not None:  # before any other JAX call (launch/: TPU pods, SLURM, local)
     from jaxreplay.parallel import multihost
@@ -46,6 +47,32 @@ def main(argv) -> None:
   if jax.process_index() != 0:  # process 0 reports for the job
     return
   print("\n" + "\n".join(summary_lines(s, config.sampler.temperature)))
+
+
+def enable_compilation_cache(path: str) -> str | None:
+  """Points JAX's persistent compilation cache at ``path`` (``train.compilation_cache_dir``)
+  unless ``JAX_COMPILATION_CACHE_DIR`` already names one; call before anything compiles.
+
+  Programs that took at least JAX's ``jax_persistent_cache_min_compile_time_secs`` (1 s by
+  default) to compile are written there and loaded by the next process that compiles the
+  same program — same results, without the compile.
+
+  Args:
+    path: a directory (``~`` expanded; created by JAX) or a URL; "" leaves the cache off.
+
+  Returns:
+    The directory in use, or None when the cache is off.
+  """
+  import os
+  env = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+  if env:  # JAX reads the variable itself
+    return env
+  if not path:
+    return None
+  import jax
+  cache = path if "://" in path else os.path.expanduser(path)
+  jax.config.update("jax_compilation_cache_dir", cache)
+  return cache
 
 
 # The graders a math-graded task's evaluations report (``train.evaluate.grader_names``) and

@@ -68,6 +68,12 @@ class TrainSpec(Spec):
       the first learner step at which the ledger's ``generated_rollouts`` reach it, or at
       ``steps``, whichever comes first — equal-generation comparisons of runs whose R
       changes (``auto_replay``). The lagged strategy only (``sync``, ``simulated_async``).
+    compilation_cache_dir: JAX's persistent compilation cache, set by the entry point
+      (``python -m jaxreplay.main``) before anything compiles: a directory (``~`` expanded)
+      or a URL; "" = off. A restart, a resumed run or the next run of the same shapes loads
+      its programs instead of compiling them again (the decode engine alone compiles a
+      program per slot-count and attention-width bucket). ``JAX_COMPILATION_CACHE_DIR``, when
+      set, wins.
   """
 
   SECTION: ClassVar[str] = "train"
@@ -79,6 +85,7 @@ class TrainSpec(Spec):
   weight_sync_every: int = field(1, ge=1)
   async_timeout_s: float = field(600.0, gt=0)
   max_generated_rollouts: int = field(0, ge=0)
+  compilation_cache_dir: str = field("~/.cache/jaxreplay/xla")
 
   def budget_reached(self, generated_rollouts: int) -> bool:
     """Whether ``generated_rollouts`` (the ledger's count) exhaust the generation budget
