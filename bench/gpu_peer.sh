@@ -19,22 +19,6 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TF_CPP_MIN_LOG_LEVEL=2 TOKENIZERS_PAR
 # JAX and PyTorch take turns on the GPU: neither reserves it up front.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 start=$SECONDS
-left() { echo $((BUDGET_S - (SECONDS - start))); }
-step() {  # step NAME MAX_S MIN_S CMD...: CMD under timeout min(MAX_S, time left)
-  local name=$1 max=$2 min=$3 t t0 rc
-  shift 3
-  t=$(left)
-  ((t > max)) && t=$max
-  if ((t < min)); then
-    echo "=== $name: skipped ($(left) s left of $BUDGET_S)"
-    return 0
-  fi
-  echo "=== $name (timeout ${t} s, at $((SECONDS - start)) s): $*"
-  t0=$SECONDS
-  timeout -k 10 "$t" "$@" 2>&1
-  rc=$?
-  echo "=== $name: rc=$rc after $((SECONDS - t0)) s$( ((rc == 124 || rc == 137)) && echo ' (timed out)')"
-}
 
 source bench/gpu_setup.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -28,23 +28,6 @@ OUT=${OUT:-/tmp}
 BUDGET_S=${BUDGET_S:-450}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 HF_HUB_OFFLINE=1 TF_CPP_MIN_LOG_LEVEL=2
 start=$SECONDS
-left() { echo $((BUDGET_S - (SECONDS - start))); }
-# step NAME MAX_S MIN_S CMD...: CMD (stderr merged) under timeout min(MAX_S, time left)
-step() {
-  local name=$1 max=$2 min=$3 t t0 rc
-  shift 3
-  t=$(left)
-  ((t > max)) && t=$max
-  if ((t < min)); then
-    echo "=== $name: skipped ($(left) s left of $BUDGET_S)"
-    return 0
-  fi
-  echo "=== $name (timeout ${t} s, at $((SECONDS - start)) s): $*"
-  t0=$SECONDS
-  timeout -k 10 "$t" "$@" 2>&1
-  rc=$?
-  echo "=== $name: rc=$rc after $((SECONDS - t0)) s$( ((rc == 124 || rc == 137)) && echo ' (timed out)')"
-}
 
 # --- set-up: carried wheels, versions against pyproject -------------------------------------
 source bench/gpu_setup.sh

@@ -1,10 +1,30 @@
 #!/usr/bin/env bash
-# Sourced by the GPU scripts (bench/gpu_session.sh, bench/gpu_peer.sh) after they set OUT and
-# start: installs the runtime dependencies the device machine's image lacks from the wheels
-# carried in .gpu/ (see bench/gpu_session.sh's header for how they are made), builds or stubs
-# pycosat, uses the pinned flax/optax/chex/orbax-checkpoint where the image's are outside
+# Sourced by the GPU scripts (bench/gpu_session.sh, bench/gpu_peer.sh) after they set OUT,
+# BUDGET_S and start: defines their timed `step`, then installs the runtime dependencies the
+# device machine's image lacks from the wheels carried in .gpu/ (see bench/gpu_session.sh's
+# header for how they are made), builds or stubs pycosat, uses the pinned flax/optax/chex/orbax-checkpoint where the image's are outside
 # pyproject's range, and exports PYTHONPATH so jaxreplay imports from this checkout.
-: "${start:=$SECONDS}" "${OUT:=/tmp}"
+: "${start:=$SECONDS}" "${OUT:=/tmp}" "${BUDGET_S:=450}"
+# left: seconds left of BUDGET_S. step NAME MAX_S MIN_S CMD...: CMD (stderr merged) under
+# timeout min(MAX_S, time left), skipped when under MIN_S is left, so one hang does not eat
+# the rest of a device session.
+left() { echo $((BUDGET_S - (SECONDS - start))); }
+step() {
+  local name=$1 max=$2 min=$3 t t0 rc
+  shift 3
+  t=$(left)
+  ((t > max)) && t=$max
+  if ((t < min)); then
+    echo "=== $name: skipped ($(left) s left of $BUDGET_S)"
+    return 0
+  fi
+  echo "=== $name (timeout ${t} s, at $((SECONDS - start)) s): $*"
+  t0=$SECONDS
+  timeout -k 10 "$t" "$@" 2>&1
+  rc=$?
+  echo "=== $name: rc=$rc after $((SECONDS - t0)) s$( ((rc == 124 || rc == 137)) && echo ' (timed out)')"
+}
+
 echo "=== setup"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 SITE=/tmp/site
