@@ -191,6 +191,29 @@ def tiny_run_config(workdir, cache_dir, **overrides):
   return apply_overrides(c, overrides)
 
 
+def save_tiny_qwen2(directory: str, tok) -> None:
+  """Writes a tiny random Qwen2 (2 layers, d = 32, tied embeddings, ``torch.manual_seed(0)``)
+  for the ``tokenizers`` tokenizer ``tok`` into ``directory``: its tokenizer.json, a ChatML
+  tokenizer_config.json (eos ``<|im_end|>``, pad ``<|endoftext|>``) and the safetensors
+  checkpoint. The tests that train or export a Hugging Face checkpoint build theirs so."""
+  import json
+
+  import torch
+  import transformers
+
+  from test_models_tokenizer import CHATML
+  tok.save(os.path.join(directory, "tokenizer.json"))
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump({"chat_template": CHATML, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, f)
+  torch.manual_seed(0)
+  hcfg = transformers.Qwen2Config(
+      vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+      max_position_embeddings=1024, tie_word_embeddings=True,
+      eos_token_id=tok.token_to_id("<|im_end|>"))
+  transformers.Qwen2ForCausalLM(hcfg).save_pretrained(directory)
+
+
 def run_processes(script: str, args: list, n: int = 2, devices: int = 2, env: dict | None = None,
                   timeout_s: float = 600) -> list[str]:
   """Runs ``tests/SCRIPT PROCESS_ID N PORT *ARGS`` as ``n`` local JAX processes (``devices``

