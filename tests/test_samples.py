@@ -1,6 +1,8 @@
 """Recorded completions: ``samples/eval_STEP.jsonl`` for the same held-out questions every
 evaluation, ``samples/train_STEP.jsonl`` with the rows a learner step trained on; a resumed
-run writes the same files as an uninterrupted one; ``log.progress=False`` prints no bar."""
+run writes the same files as an uninterrupted one; ``log.progress=False`` prints no bar. The
+async and split learners' records are checked on the runs of ``test_train_modes`` and
+``test_split``."""
 
 import json
 import os
@@ -135,36 +137,3 @@ def test_records_go_to_tensorboard_as_text(tmp_path):
   w.close()
   (event,) = list((tmp_path / "tb").iterdir())
   assert "`2 + 3 =` → ` 5`".encode() in event.read_bytes()
-
-
-@pytest.mark.slow
-def test_the_async_learner_records_the_rows_it_trains_on(base_policy_cache, tmp_path):
-  wd = tmp_path / "async"
-  lines = []
-  run(_config(wd, base_policy_cache, **{"train.mode": "async", "train.steps": 4,
-                                        "eval.every": 0, "log.record_every": 2,
-                                        "checkpoint.every": 4}), log=lines.append)
-  files = _read(wd)
-  assert sorted(files) == ["eval_0.jsonl", "eval_4.jsonl", "train_2.jsonl", "train_4.jsonl"]
-  for step in (2, 4):
-    recs = files[f"train_{step}.jsonl"]
-    assert len(recs) == K and all(r["staleness"] == step - 1 - r["policy_version"] >= 0
-                                  for r in recs)
-  # each long phase closes with one duration line
-  for name in ("eval step 0", "eval step 4", "checkpoint save step 4", "checkpoint write"):
-    assert sum(ln.startswith(name + ": ") for ln in lines) == 1, (name, lines)
-
-
-@pytest.mark.slow
-def test_the_split_learner_records_the_rows_it_trains_on(base_policy_cache, tmp_path):
-  from test_split import split_config  # W = 4 generator devices, T = 4 learner devices
-  c = split_config(str(tmp_path / "split"), base_policy_cache, steps=4)
-  c.log.record_every, c.log.record_rollouts = 2, K
-  run(c, log=_quiet)
-  files = _read(tmp_path / "split")
-  assert {"train_2.jsonl", "train_4.jsonl"} <= set(files)
-  assert "eval_0.jsonl" in files and "eval_4.jsonl" in files  # before RL and at the end
-  for step in (2, 4):
-    recs = files[f"train_{step}.jsonl"]
-    assert len(recs) == K
-    assert all(r["staleness"] == step - 1 - r["policy_version"] >= 0 for r in recs)

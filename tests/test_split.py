@@ -10,7 +10,8 @@ parameter layout, and a whole run on two sub-meshes of 8 fake CPU devices.
 * Run (W/T = 4/4): every inserted token's behaviour log-prob equals the learner's
   recomputation under the parameters of the version it records; no batch holds an item
   older than ``buffer.max_staleness``; a checkpoint restores the learner side exactly; lost
-  in-flight rollouts are counted; the idle/overlap fractions are fractions.
+  in-flight rollouts are counted; the idle/overlap fractions are fractions; the rows it
+  records are those its learner trained on.
 """
 
 import jax
@@ -135,6 +136,9 @@ def split_config(workdir, cache, steps):
   return c
 
 
+RECORDED = 3  # rows of each samples/train_STEP.jsonl in the split run
+
+
 @pytest.fixture(scope="module")
 def split_run(tmp_path_factory, base_policy_cache):
   """A 4-step run with spies on what was generated, published and checkpointed."""
@@ -171,7 +175,9 @@ def split_run(tmp_path_factory, base_policy_cache):
     mp.setattr(split.Generator, "publish", publish_spy)
     mp.setattr(split.Generator, "__init__", init_spy)
     mp.setattr(ckpt_lib, "save", save_spy)
-    summary = run(split_config(workdir, cache, steps=4), log=lambda *_: None)
+    c = split_config(workdir, cache, steps=4)
+    c.log.record_every, c.log.record_rollouts = 2, RECORDED  # samples/train_{2,4}.jsonl
+    summary = run(c, log=lambda *_: None)
   return dict(workdir=workdir, cache=cache, made=made, published=published, saved=saved,
               summary=summary, graphdef=graphdefs[0])
 
@@ -221,6 +227,20 @@ def test_split_run_respects_staleness_and_counts(split_run):
   # finished rounds' time) does not: the busy clock above bounds it, not the phase timers
   s = split_run["summary"]
   assert 0.0 <= s["both_busy_s"] <= s["wall_seconds"]
+
+
+@pytest.mark.slow
+def test_split_run_records_the_rows_it_trains_on(split_run):
+  """``samples/train_STEP.jsonl`` of the split learner (``test_samples`` checks the sync
+  trainer's): the rows it trained on, as stale as their versions say."""
+  from test_samples import _read
+  files = _read(split_run["workdir"])
+  assert {"train_2.jsonl", "train_4.jsonl"} <= set(files)
+  assert "eval_0.jsonl" in files and "eval_4.jsonl" in files  # before RL and at the end
+  for step in (2, 4):
+    recs = files[f"train_{step}.jsonl"]
+    assert len(recs) == RECORDED
+    assert all(r["staleness"] == step - 1 - r["policy_version"] >= 0 for r in recs)
 
 
 @pytest.mark.slow

@@ -103,10 +103,27 @@ def _generator_threads():
 
 @pytest.mark.slow
 def test_async_staleness_replay_ratio_and_clean_shutdown(cache_dir, tmp_path):
+  """Also the async learner's sample records (``test_samples`` checks the sync ones): the
+  rows of ``train_STEP.jsonl`` are those it trained on, as stale as their versions say."""
+  from test_samples import K, _read
   c = tiny_config(tmp_path / "x", cache_dir, **{"train.mode": "async", "train.steps": 8,
-                                                 "eval.every": 0, "checkpoint.every": 4})
-  s = run(c, log=_quiet)
+                                                 "eval.every": 0, "checkpoint.every": 4,
+                                                 "log.record_every": 2,
+                                                 "log.record_rollouts": K})
+  lines = []
+  s = run(c, log=lines.append)
   assert not _generator_threads()
+  files = _read(tmp_path / "x")
+  assert sorted(files) == ["eval_0.jsonl", "eval_8.jsonl", "train_2.jsonl", "train_4.jsonl",
+                           "train_6.jsonl", "train_8.jsonl"]
+  for step in (2, 4, 6, 8):
+    recs = files[f"train_{step}.jsonl"]
+    assert len(recs) == K and all(r["staleness"] == step - 1 - r["policy_version"] >= 0
+                                  for r in recs)
+  # each long phase closes with one duration line
+  for name in ("eval step 0", "eval step 8", "checkpoint save step 4", "checkpoint save step 8",
+               "checkpoint write"):
+    assert sum(ln.startswith(name + ": ") for ln in lines) == 1, (name, lines)
   recs = [r for r in read_metrics(tmp_path / "x") if "staleness_hist" in r]
   assert len(recs) == 8
   rho, e, offset = 2.0, 2.0 * R + B, 2.0 * B  # defaults: ρ = B/R, e = ρR + B, min fill B
