@@ -29,6 +29,11 @@ def pytest_configure(config):
   # Every compiled program is worth keeping: the tests' models are tiny, so most compiles
   # take well under JAX's default threshold of 1 s, yet the same ones recur across files.
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  # xdist's loadfile/loadscope scheduling sorts files by their number of tests unless told
+  # not to, which would put the long end-to-end files (one to four tests each) last; the
+  # order of ``pytest_collection_modifyitems`` below is the one wanted.
+  if hasattr(config.option, "loadscopereorder"):
+    config.option.loadscopereorder = False
 
 
 def pytest_unconfigure(config):
@@ -46,6 +51,25 @@ def base_policy_cache() -> str:
   path = os.path.join(os.environ[SESSION_ENV], "base_policies")
   os.makedirs(path, exist_ok=True)
   return path
+
+
+# The files whose module fixtures and end-to-end runs take a minute or more on 2 cores, longest
+# first as far as --durations runs on the 2-core dev machine (2026-12-04) measured them. With
+# ``--dist loadfile`` xdist hands out whole files in collection order; started first, they
+# leave the many short files to fill in behind them, so the workers finish together instead
+# of one running a long file alone at the end.
+LONG_FILES = ("test_train_e2e.py", "test_train_modes.py", "test_split.py",
+              "test_multiprocess.py", "test_sweep.py", "test_train_mesh.py",
+              "test_auto_replay.py", "test_train_smollm2.py", "test_learner_packing.py",
+              "test_crash_kill.py", "test_notebook.py", "test_train_hf.py", "test_export.py",
+              "test_models_gguf.py", "test_math_tasks.py", "test_samples.py")
+
+
+def pytest_collection_modifyitems(config, items):
+  """Runs ``LONG_FILES`` first, in that order, then the rest in collection order (a stable
+  sort: each file's tests keep their order)."""
+  rank = {name: i for i, name in enumerate(LONG_FILES)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 def pytest_xdist_auto_num_workers(config):
