@@ -238,6 +238,23 @@ def save_tiny_qwen2(directory: str, tok) -> None:
   transformers.Qwen2ForCausalLM(hcfg).save_pretrained(directory)
 
 
+def tiny_run_argv(c) -> list:
+  """``python -m jaxreplay.main`` on configs/small.py with the fields ``tiny_run_config`` (and
+  the mode tests) set, read from config ``c``: the same run as a subprocess."""
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  args = [f"{sec}.{k}={c[sec][k]}" for sec, keys in (
+      ("task", ("train_size", "heldout_size")),
+      ("model", ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff")),
+      ("warmstart", ("steps", "cache_dir")), ("rollout", ("per_step", "group_size")),
+      ("train", ("batch_size", "steps", "mode", "async_timeout_s")), ("buffer", ("capacity",)),
+      ("algo", ("warmup_steps",)), ("eval", ("every", "num_examples", "samples_per_example")),
+      ("checkpoint", ("every",)), ("drift", ("every", "num_samples")),
+      ("log", ("progress", "tensorboard"))) for k in keys] + [f"workdir={c.workdir}"]
+  return [sys.executable, "-m", "jaxreplay.main", "--config",
+          os.path.join(root, "configs", "small.py"), *[f"--config.{a}" for a in args]]
+
+
 def run_processes(script: str, args: list, n: int = 2, devices: int = 2, env: dict | None = None,
                   timeout_s: float = 600) -> list[str]:
   """Runs ``tests/SCRIPT PROCESS_ID N PORT *ARGS`` as ``n`` local JAX processes (``devices``

@@ -2,12 +2,11 @@
 
 import os
 import subprocess
-import sys
 
 import jax
 import pytest
 
-from conftest import tiny_run_config
+from conftest import tiny_run_argv, tiny_run_config
 from jaxreplay.main import enable_compilation_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,21 +42,10 @@ def test_the_main_job_writes_its_programs_to_the_configured_cache(tmp_path, base
   # fraction of a whole run's compiles (this process cannot share the session's cache).
   c = tiny_run_config(tmp_path / "run", base_policy_cache, **{
       "train.mode": "async", "train.steps": 3, "train.async_timeout_s": 1e-6})
-  args = [f"{sec}.{k}={c[sec][k]}" for sec, keys in (
-      ("task", ("train_size", "heldout_size")),
-      ("model", ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff")),
-      ("warmstart", ("steps", "cache_dir")), ("rollout", ("per_step", "group_size")),
-      ("train", ("batch_size", "steps", "mode", "async_timeout_s")), ("buffer", ("capacity",)),
-      ("algo", ("warmup_steps",)), ("eval", ("every", "num_examples", "samples_per_example")),
-      ("checkpoint", ("every",)), ("drift", ("every", "num_samples")),
-      ("log", ("progress", "tensorboard"))) for k in keys] + [f"workdir={c.workdir}"]
   cache = tmp_path / "xla"
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # every program, however quick
-  out = subprocess.run([sys.executable, "-m", "jaxreplay.main", "--config",
-                        os.path.join(ROOT, "configs", "small.py"),
-                        *[f"--config.{a}" for a in args],
-                        f"--config.train.compilation_cache_dir={cache}"],
+  out = subprocess.run(tiny_run_argv(c) + [f"--config.train.compilation_cache_dir={cache}"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
   assert out.returncode == 1, out.stderr[-2000:]
   assert out.stderr.strip().splitlines()[-1].startswith("jaxreplay: async mode: no batch")

@@ -13,7 +13,7 @@ from jaxreplay.train import generation as generation_lib
 from jaxreplay.train import metrics as metrics_lib
 from conftest import run
 from jaxreplay.train.metrics import read_metrics
-from conftest import tiny_run_config
+from conftest import tiny_run_argv, tiny_run_config
 from test_train_e2e import _strip  # noqa: E402
 
 B, R, C = 32, 16, 64
@@ -267,21 +267,10 @@ def test_a_stalled_async_run_stops_with_one_line(cache_dir, tmp_path):
   process's devices, with its base policy: the session's caches serve its compiles."""
   import os
   import subprocess
-  import sys
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   c = tiny_config(tmp_path / "run", cache_dir, **{"train.mode": "async", "train.steps": 3,
                                                    "train.async_timeout_s": 1e-6})
-  args = [f"{sec}.{k}={c[sec][k]}" for sec, keys in (
-      ("task", ("train_size", "heldout_size")),
-      ("model", ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff")),
-      ("warmstart", ("steps", "cache_dir")), ("rollout", ("per_step", "group_size")),
-      ("train", ("batch_size", "steps", "mode", "async_timeout_s")), ("buffer", ("capacity",)),
-      ("algo", ("warmup_steps",)), ("eval", ("every", "num_examples", "samples_per_example")),
-      ("checkpoint", ("every",)), ("drift", ("every", "num_samples")),
-      ("log", ("progress", "tensorboard"))) for k in keys] + [f"workdir={c.workdir}"]
-  out = subprocess.run([sys.executable, "-m", "jaxreplay.main", "--config",
-                        os.path.join(root, "configs", "small.py"),
-                        *[f"--config.{a}" for a in args]],
+  out = subprocess.run(tiny_run_argv(c),
                        capture_output=True, text=True, timeout=300, cwd=root)
   assert out.returncode == 1, out.stderr[-2000:]
   assert "Traceback" not in out.stderr, out.stderr[-2000:]
