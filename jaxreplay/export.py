@@ -53,8 +53,11 @@ class ExportError(Exception):
 
 
 def _path(p):
+  """``p`` as an ``epath.Path``; a local path made absolute, since Orbax reads no metadata
+  of a checkpoint named by a relative path (orbax-checkpoint 0.12.8)."""
   from etils import epath
-  return epath.Path(p)
+  p = str(p)
+  return epath.Path(p if "://" in p else os.path.abspath(p))
 
 
 def checkpoint_steps(directory) -> list[int]:

@@ -113,6 +113,19 @@ def test_best_checkpoint_exports(trained, tmp_path):
   assert r["step"] == best["step"]
 
 
+def test_a_relative_workdir_exports_as_the_readme_writes_it(trained, tmp_path, monkeypatch):
+  # README: python -m jaxreplay.export --workdir runs/default --out exported/default
+  monkeypatch.chdir(os.path.dirname(trained.workdir))
+  rel = os.path.basename(trained.workdir)
+  export.main(["--workdir", rel, "--step", "2", "--out", "exported"])
+  absolute = export.export(trained.workdir, str(tmp_path / "abs"), step=2)
+  assert absolute["step"] == 2
+  for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    with open(os.path.join("exported", name), "rb") as a, open(tmp_path / "abs" / name,
+                                                                "rb") as b:
+      assert a.read() == b.read(), name
+
+
 def test_bad_step_and_empty_workdir_stop_with_one_line(trained, tmp_path):
   with pytest.raises(SystemExit) as e:
     export.main(["--workdir", trained.workdir, "--step", "7", "--out", str(tmp_path / "x")])
