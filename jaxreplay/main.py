@@ -92,7 +92,8 @@ def summary_lines(s: dict, temperature: float) -> list[str]:
 
   Returns:
     Lines; μ from FLOPs beside μ from wall time when the ledger has both; the wall time's
-    breakdown names the rest ("other": set-up, the warm start, checkpoints), so in sync
+    breakdown names the rest ("other": set-up, the warm start, the evaluation before RL,
+    which ``eval_s`` leaves out, and checkpoints), so in sync
     mode its parts add up to the total. In async mode generation
     and training overlap, their seconds can sum past the wall time, and "other" stays at 0.
 
@@ -117,7 +118,7 @@ def summary_lines(s: dict, temperature: float) -> list[str]:
   other = max(0.0, s["wall_seconds"] - phases)
   lines += [f"wall time: {s['wall_seconds'] / 60:.1f} min  (generate {s['generate_s']:.0f}s, "
             f"train {s['train_s']:.0f}s, eval {s['eval_s']:.0f}s, other {other:.0f}s: set-up, "
-            "warm start, checkpoints)",
+            "warm start, the evaluation before RL, checkpoints)",
             f"checkpoints: {s['checkpoints']}", f"base policy: {s['base_policy']}"]
   led = s["ledger"]
   if "mu_flops" in led and "mu_time" in led:  # beside each other: only FLOPs are the run's own

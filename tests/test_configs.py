@@ -106,7 +106,7 @@ def test_summary_wall_time_parts_add_up_to_the_total():
   assert lines[4].endswith(": 3")  # lost in flight, shown only when nonzero
   # 366 - (48.2 + 93.4 + 29.1) = 195.3 s outside the three phases
   assert lines[5] == ("wall time: 6.1 min  (generate 48s, train 93s, eval 29s, other 195s: "
-                      "set-up, warm start, checkpoints)")
+                      "set-up, warm start, the evaluation before RL, checkpoints)")
   assert len(summary_lines({**s, "ledger": {}}, 1.0)) == len(lines) - 1
   mu = summary_lines({**s, "ledger": {**s["ledger"], "mu_flops": 0.3321, "mu_time": 0.79}},
                      1.0)
