@@ -632,3 +632,16 @@ def _final_mean(g: Regime) -> float | None:
   rs = g.runs.get(g.reference) or []
   v = [float(stats.smooth(r.curve()[1])[-1]) for r in rs]
   return float(np.mean(v)) if v else None
+
+
+def noise_sd(sweep: dict, runs: dict) -> float:
+  """SD of the AUC difference of two runs of one seed under the noise model fitted to the
+  sweep's runs (a regime-map sweep, ``report.kind == "regime_map"``), else NaN."""
+  if (sweep.get("report") or {}).get("kind") != "regime_map":
+    return float("nan")
+  regimes = [g for g in regimes_of(sweep, runs) if g.evidence is not None]
+  if not regimes:
+    return float("nan")
+  sd = null.auc_difference_sd(noise_of(regimes))
+  return sd if math.isfinite(sd) else float("nan")
+

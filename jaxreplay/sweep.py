@@ -518,6 +518,7 @@ def verify_runs(sweep: dict, workdir: str, only: str, print_fn=_say) -> list:
     SweepError: no imported run matches, or a chosen run's warm start is not in
       ``WORKDIR/base_policies`` (an archive without its ``.base_policies``).
   """
+  from jaxreplay import regime_map
   from jaxreplay.study import verify
   from jaxreplay.study.runs import RunData, load_runs
   pat = re.compile(only)
@@ -533,7 +534,7 @@ def verify_runs(sweep: dict, workdir: str, only: str, print_fn=_say) -> list:
       raise SweepError(f"--verify: {r.name}/seed{r.seed} started from base policy {key}, "
                        f"which the archive does not carry ({base_policies_dir('ARCHIVE')}/"
                        f"{key}.tar.xz); a rerun would start from another warm start")
-  sd = verify.noise_sd(sweep, load_runs(sweep, workdir)[0])
+  sd = regime_map.noise_sd(sweep, load_runs(sweep, workdir)[0])
   out = []
   for r in chosen:
     again = dataclasses.replace(r, workdir=os.path.join(workdir, "verify", r.name,

@@ -14,7 +14,6 @@ jitter, the seed's offset cancelling): the AUC difference should fall within 1.9
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from jaxreplay.study import stats
 
@@ -110,18 +109,3 @@ def summary_line(verdicts: list[Verdict]) -> str:
   """``verify runs=N identical=I within_band=W`` (W counts the identical ones too)."""
   return (f"verify runs={len(verdicts)} identical={sum(v.bit_identical for v in verdicts)} "
           f"within_band={sum(v.within for v in verdicts)}")
-
-
-def noise_sd(sweep: dict, runs: dict) -> float:
-  """SD of the AUC difference of two runs of one seed under the noise model fitted to the
-  sweep's runs (a regime-map sweep, ``report.kind == "regime_map"``), else NaN."""
-  if (sweep.get("report") or {}).get("kind") != "regime_map":
-    return float("nan")
-  from jaxreplay import regime_map
-  from jaxreplay.study import null
-  regimes = [g for g in regime_map.regimes_of(sweep, runs) if g.evidence is not None]
-  if not regimes:
-    return float("nan")
-  sd = null.auc_difference_sd(regime_map.noise_of(regimes))
-  return sd if math.isfinite(sd) else float("nan")
-
