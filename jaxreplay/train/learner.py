@@ -89,7 +89,9 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
     packing plan of the drawn attention mask on the host, then a jitted update (state
     donated), and the metrics add ``learner_padding`` (empty ÷ all slots of the packed
     arrays); ``learner_step.lower`` then lowers the fused full-width step, the packed
-    step's upper bound in memory. Otherwise ``learner_step`` is the fused jitted step.
+    step's upper bound in memory, and ``learner_step.lower_update(state, sample, plan)``
+    the packed update alone (what a packed step runs after the draw). Otherwise
+    ``learner_step`` is the fused jitted step.
   """
 
   batch_size, sampler_cfg = rb.batch_size, rb.spec
@@ -151,6 +153,7 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
     return state, buffer, metrics
 
   learner_step.lower = fused_step.lower
+  learner_step.lower_update = update_jit.lower
   return learner_step
 
 
