@@ -80,32 +80,50 @@ def param_sizes(params) -> set[int]:
   return sizes
 
 
-def _elements(op) -> int:
+def split_bytes(op, sizes: set[int]) -> tuple[int, int]:
+  """(bytes of parameter-sized arrays, bytes of the others) ``op`` moves per run of the
+  program (``Collective.total_bytes`` split array by array for a combined op)."""
   import numpy as np
-  return sum(int(np.prod(s)) for _, s in op.shapes)
+
+  from jaxreplay.parallel.hlo import array_bytes
+  arrays = [(array_bytes(d, s), int(np.prod(s)) in sizes) for d, s in op.shapes]
+  scale = op.total_bytes / max(1, sum(b for b, _ in arrays))
+  param = sum(b for b, is_param in arrays if is_param) * scale
+  return int(param), int(op.total_bytes - param)
 
 
 def learner_ratios(hlo_text: str, params, fsdp_bytes: int) -> dict:
   """The two learner fields from a compiled update step's HLO.
+
+  Parameter-sized arrays (``param_sizes``) in all-gathers are parameter gathers; in
+  all-reduces and reduce-scatters, gradient reductions (XLA:CPU emits an all-reduce and
+  a slice where GPU and TPU passes form a reduce-scatter: the same bytes here). Every
+  other all-reduced array is an activation (hidden states, norm statistics, logits).
 
   Args:
     hlo_text: the optimized HLO. params: the abstract parameters (shapes only).
     fsdp_bytes: the FSDP analytic bytes of one step (``fsdp_bytes``).
 
   Returns:
-    dict with ``activation_allreduce``, ``param_allgather``, ``total`` bytes and the two
-    ratios ``learner_activation_allreduce_ratio``, ``learner_collectives_vs_fsdp``.
+    dict with ``activation_allreduce``, ``param_allgather``, ``grad_reduce``, ``total``
+    bytes, ``by_kind`` and the two ratios ``learner_activation_allreduce_ratio``,
+    ``learner_collectives_vs_fsdp``.
   """
   from jaxreplay.parallel import hlo
   ops = hlo.collectives(hlo_text)
   sizes = param_sizes(params)
-  act_ar = sum(o.total_bytes for o in ops
-               if o.kind == "all-reduce" and _elements(o) not in sizes)
-  par_ag = sum(o.total_bytes for o in ops if o.kind == "all-gather" and _elements(o) in sizes)
+  act_ar = par_ag = grad = 0
+  for o in ops:
+    param, other = split_bytes(o, sizes)
+    if o.kind == "all-gather":
+      par_ag += param
+    elif o.kind in ("all-reduce", "reduce-scatter"):
+      grad += param
+      act_ar += other if o.kind == "all-reduce" else 0
   total = sum(o.total_bytes for o in ops)
   ratio = act_ar / par_ag if par_ag else (float("inf") if act_ar else 0.0)
-  return dict(activation_allreduce=act_ar, param_allgather=par_ag, total=total,
-              by_kind=hlo.bytes_by_kind(ops),
+  return dict(activation_allreduce=act_ar, param_allgather=par_ag, grad_reduce=grad,
+              total=total, by_kind=hlo.bytes_by_kind(ops),
               learner_activation_allreduce_ratio=ratio,
               learner_collectives_vs_fsdp=total / fsdp_bytes)
 
@@ -207,7 +225,8 @@ def main(argv=None) -> int:
   print("  collective GB per step: " + ", ".join(
       f"{k} {v / 1e9:.2f}" for k, v in r["by_kind"].items()) +
         f"; activation all-reduce {r['activation_allreduce'] / 1e9:.2f}, parameter "
-        f"all-gather {r['param_allgather'] / 1e9:.2f}, FSDP analytic {analytic / 1e9:.2f}")
+        f"all-gather {r['param_allgather'] / 1e9:.2f}, gradient reduction "
+        f"{r['grad_reduce'] / 1e9:.2f}, FSDP analytic {analytic / 1e9:.2f}")
   values = {k: r[k] for k in ("learner_activation_allreduce_ratio",
                               "learner_collectives_vs_fsdp")}
   values["packed_padding_accum8"] = packing.padding_fraction(plan)

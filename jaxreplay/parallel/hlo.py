@@ -59,7 +59,7 @@ class Collective:
     return self.nbytes * self.count
 
 
-def _array_bytes(dtype: str, dims: tuple[int, ...]) -> int:
+def array_bytes(dtype: str, dims: tuple[int, ...]) -> int:
   n = 1
   for d in dims:
     n *= d
@@ -166,7 +166,7 @@ def collectives(hlo_text: str) -> list[Collective]:
       shapes = _shapes(m.group(1))
       if m.group(2).endswith("-start") and len(shapes) > 1:
         shapes = shapes[len(shapes) // 2:]  # (operands..., results...): the results
-      nbytes = sum(_array_bytes(d, s) for d, s in shapes)
+      nbytes = sum(array_bytes(d, s) for d, s in shapes)
       if kind == "reduce-scatter":
         nbytes *= _group_size(line)
       out.append(Collective(kind, shapes, nbytes, counts.get(name, 0), name))
