@@ -67,65 +67,25 @@ def lognormal_mask(batch: int, prompt_width: int, max_new: int, seed: int = 0):
   return ((cols >= prompt_width - p[:, None]) & (cols < prompt_width + c[:, None]))
 
 
-def param_sizes(params) -> set[int]:
-  """Element counts that mark a collective as moving a parameter (or its gradient): every
-  leaf's whole size and, for layer-stacked leaves, one layer's."""
-  import jax
-  import numpy as np
-  sizes = set()
-  for path, x in jax.tree_util.tree_leaves_with_path(params):
-    sizes.add(int(np.prod(x.shape)))
-    if "blocks" in jax.tree_util.keystr(path) and len(x.shape) > 1:
-      sizes.add(int(np.prod(x.shape[1:])))
-  return sizes
-
-
-def split_bytes(op, sizes: set[int]) -> tuple[int, int]:
-  """(bytes of parameter-sized arrays, bytes of the others) ``op`` moves per run of the
-  program (``Collective.total_bytes`` split array by array for a combined op)."""
-  import numpy as np
-
-  from jaxreplay.parallel.hlo import array_bytes
-  arrays = [(array_bytes(d, s), int(np.prod(s)) in sizes) for d, s in op.shapes]
-  scale = op.total_bytes / max(1, sum(b for b, _ in arrays))
-  param = sum(b for b, is_param in arrays if is_param) * scale
-  return int(param), int(op.total_bytes - param)
-
-
 def learner_ratios(hlo_text: str, params, fsdp_bytes: int) -> dict:
   """The two learner fields from a compiled update step's HLO.
-
-  Parameter-sized arrays (``param_sizes``) in all-gathers are parameter gathers; in
-  all-reduces and reduce-scatters, gradient reductions (XLA:CPU emits an all-reduce and
-  a slice where GPU and TPU passes form a reduce-scatter: the same bytes here). Every
-  other all-reduced array is an activation (hidden states, norm statistics, logits).
 
   Args:
     hlo_text: the optimized HLO. params: the abstract parameters (shapes only).
     fsdp_bytes: the FSDP analytic bytes of one step (``fsdp_bytes``).
 
   Returns:
-    dict with ``activation_allreduce``, ``param_allgather``, ``grad_reduce``, ``total``
-    bytes, ``by_kind`` and the two ratios ``learner_activation_allreduce_ratio``,
+    ``hlo.learner_traffic``'s dict plus ``learner_activation_allreduce_ratio`` (``inf``
+    when no parameter is gathered but activations are all-reduced) and
     ``learner_collectives_vs_fsdp``.
   """
   from jaxreplay.parallel import hlo
-  ops = hlo.collectives(hlo_text)
-  sizes = param_sizes(params)
-  act_ar = par_ag = grad = 0
-  for o in ops:
-    param, other = split_bytes(o, sizes)
-    if o.kind == "all-gather":
-      par_ag += param
-    elif o.kind in ("all-reduce", "reduce-scatter"):
-      grad += param
-      act_ar += other if o.kind == "all-reduce" else 0
-  total = sum(o.total_bytes for o in ops)
-  ratio = act_ar / par_ag if par_ag else (float("inf") if act_ar else 0.0)
-  return dict(activation_allreduce=act_ar, param_allgather=par_ag, grad_reduce=grad,
-              total=total, by_kind=hlo.bytes_by_kind(ops),
-              learner_activation_allreduce_ratio=ratio,
-              learner_collectives_vs_fsdp=total / fsdp_bytes)
+  r = hlo.learner_traffic(hlo_text, hlo.param_sizes(params))
+  act, gathered = r["activation_allreduce"], r["param_allgather"]
+  r["learner_activation_allreduce_ratio"] = (act / gathered if gathered
+                                             else (float("inf") if act else 0.0))
+  r["learner_collectives_vs_fsdp"] = r["total"] / fsdp_bytes
+  return r
 
 
 def fsdp_bytes(params, micro_batches: int, updates: int = 1) -> int:

@@ -10,8 +10,8 @@ all-gather's output, the reduce-scatter's input, the all-reduce's operand), in t
 dtype the compiled program moves: XLA:CPU runs bfloat16 collectives in float32, so on
 fake CPU devices bf16 traffic counts 4 bytes per element.
 
-Pure text processing: no jax import, so tests and benches can apply it to
-``jax.jit(f).lower(...).compile().as_text()``.
+Text processing (jax is imported only by ``param_sizes``), for tests and benches to
+apply to ``jax.jit(f).lower(...).compile().as_text()``.
 """
 
 from __future__ import annotations
@@ -178,4 +178,78 @@ def bytes_by_kind(ops: list[Collective]) -> dict[str, int]:
   out = dict.fromkeys(KINDS, 0)
   for op in ops:
     out[op.kind] += op.total_bytes
+  return out
+
+
+def param_sizes(params) -> set[int]:
+  """Element counts that mark a collective's array as a parameter (or its gradient):
+  every leaf's whole size and, for a leaf stacked over layers (a ``blocks`` path of
+  rank ≥ 2), one layer's.
+
+  Args:
+    params: pytree of arrays or ``jax.ShapeDtypeStruct`` (only shapes are read).
+  """
+  import jax
+  sizes = set()
+  for path, x in jax.tree_util.tree_leaves_with_path(params):
+    n = 1
+    for d in x.shape:
+      n *= d
+    sizes.add(n)
+    if "blocks" in jax.tree_util.keystr(path) and len(x.shape) > 1:
+      sizes.add(n // x.shape[0])
+  return sizes
+
+
+def _elements(dims: tuple[int, ...]) -> int:
+  n = 1
+  for d in dims:
+    n *= d
+  return n
+
+
+def split_bytes(op: Collective, sizes: set[int]) -> tuple[int, int]:
+  """(bytes of parameter-sized arrays, bytes of the others) ``op`` moves per run of the
+  program (``total_bytes`` split array by array for a combined op)."""
+  arrays = [(array_bytes(d, s), _elements(s) in sizes) for d, s in op.shapes]
+  scale = op.total_bytes / max(1, sum(b for b, _ in arrays))
+  param = int(sum(b for b, is_param in arrays if is_param) * scale)
+  return param, op.total_bytes - param
+
+
+def learner_traffic(hlo_text: str, sizes: set[int]) -> dict:
+  """A compiled learner step's collective bytes per run, by what they move.
+
+  Arrays of a parameter's size (``param_sizes``) in all-gathers are parameter gathers;
+  in all-reduces and reduce-scatters, gradient reductions (XLA:CPU emits an all-reduce
+  and a slice where GPU and TPU passes form a reduce-scatter: the same bytes here).
+  Every other all-reduced array is an activation (hidden states, norm statistics,
+  logits).
+
+  Args:
+    hlo_text: the optimized HLO. sizes: ``param_sizes`` of the parameters.
+
+  Returns:
+    dict of ints: ``activation_allreduce``, ``param_allgather``, ``grad_reduce`` and
+    ``total`` bytes; ``largest_activation_allreduce``, the most elements of one
+    non-parameter array an all-reduce sums (0 if none); ``by_kind`` (``bytes_by_kind``).
+  """
+  ops = collectives(hlo_text)
+  out = dict(activation_allreduce=0, param_allgather=0, grad_reduce=0,
+             largest_activation_allreduce=0)
+  for op in ops:
+    if not op.count:
+      continue
+    param, other = split_bytes(op, sizes)
+    if op.kind == "all-gather":
+      out["param_allgather"] += param
+    elif op.kind in ("all-reduce", "reduce-scatter"):
+      out["grad_reduce"] += param
+    if op.kind == "all-reduce":
+      out["activation_allreduce"] += other
+      out["largest_activation_allreduce"] = max(
+          [out["largest_activation_allreduce"]] +
+          [_elements(s) for _, s in op.shapes if _elements(s) not in sizes])
+  out["total"] = sum(op.total_bytes for op in ops)
+  out["by_kind"] = bytes_by_kind(ops)
   return out
