@@ -9,6 +9,13 @@ not divide the dimension it would shard is dropped (that dimension is replicated
 tiny test models still run on 8 devices. A block parameter of the scan layout
 (``blocks/attn/q/kernel`` [L, ...], no layer index in the path) gets its rule's spec
 behind a replicated layer axis.
+
+Inside the learner's jits (which set the mesh as the context mesh, ``jax.set_mesh``) the
+model runs as FSDP: ``gather_params`` gathers one layer's weights at a time inside the
+layer scan, ``constrain_batch`` keeps activations split over the batch, and the output head
+is vocabulary-parallel (``constrain_vocab``, ``constrain_whole``), so no activation wider
+than one log-prob chunk's hidden states is summed over devices. Without a context mesh
+these are identities.
 """
 
 from __future__ import annotations
