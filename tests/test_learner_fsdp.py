@@ -168,3 +168,50 @@ def test_learner_traffic_splits_parameters_from_activations():
   assert traffic["param_allgather"] == 256
   assert traffic["activation_allreduce"] == 5 * (128 + 4)
   assert traffic["largest_activation_allreduce"] == 32
+
+
+def _loss_and_grads(mesh):
+  """(loss, gradient) of one packed, accumulated minibatch of a tiny scanned float32
+  policy, on ``mesh`` (parameters by PARAM_RULES, rows over the batch axes, the model's
+  FSDP constraints on) or on one device without a mesh."""
+  from flax import nnx
+
+  from jaxreplay.models import Transformer
+  from jaxreplay.rl import packing, train_step
+  from jaxreplay.rollout import Rollout
+  from jaxreplay.train.learner import under_mesh
+  cfg = dataclasses.replace(MODEL, vocab_size=128, d_model=32, d_ff=64, head_dim=8,
+                            dtype="float32")
+  graphdef, params = nnx.split(Transformer(cfg, nnx.Rngs(0)), nnx.Param)
+  b, t = 16, 24
+  rng = np.random.default_rng(1)
+  attn = np.arange(t)[None] < rng.integers(3, t, b)[:, None]
+  comp = attn & (np.arange(t)[None] >= 2)
+  batch = Rollout(tokens=jnp.asarray(rng.integers(1, 128, (b, t)) * attn, jnp.int32),
+                  attention_mask=jnp.asarray(attn), completion_mask=jnp.asarray(comp),
+                  behaviour_logprobs=jnp.asarray(-rng.random((b, t)) * comp, jnp.float32),
+                  rewards=jnp.zeros(b), advantages=jnp.linspace(-1.0, 1.0, b),
+                  group_id=jnp.arange(b, dtype=jnp.int32), policy_version=jnp.zeros(b, jnp.int32),
+                  newest_version=jnp.zeros(b, jnp.int32), truncated=jnp.zeros(b, bool))
+  plan = jax.tree.map(lambda x: x[0], packing.plan_groups(attn, 1, ACC, multiple=8))
+  grad_fn = train_step.make_grad_fn(graphdef, ALGO, 1.0)
+  fn = jax.jit(lambda p, bt, pl: grad_fn(p, bt, jnp.ones(b), jnp.zeros(b, jnp.int32), None,
+                                         None, None, pl))
+  if mesh is not None:
+    params = sharding_lib.shard_params(params, mesh)
+    batch = sharding_lib.shard_batch(batch, mesh)
+    plan = sharding_lib.place_rows(plan, mesh)
+    fn = under_mesh(fn, mesh)
+  (loss, _), grads = fn(params, batch, plan)
+  return float(loss), jax.tree.map(np.asarray, grads)
+
+
+@needs_8
+@pytest.mark.numerics
+def test_fsdp_gradient_equals_one_device():
+  loss_1, g_1 = _loss_and_grads(None)
+  loss_8, g_8 = _loss_and_grads(sharding_lib.make_mesh(1, 8, 1))
+  np.testing.assert_allclose(loss_8, loss_1, rtol=1e-5)
+  # the same sums in another order over devices: float32 rounding of each entry's terms
+  jax.tree.map(lambda a, c: np.testing.assert_allclose(
+      a, c, rtol=1e-4, atol=1e-5 * float(np.abs(c).max())), g_8, g_1)
