@@ -16,16 +16,16 @@ every 10 steps) and the held-out entropy score in those rows and chunks too.
 (XLA:CPU's memory analysis of the compiled learner step, sampler, rescoring, drift
 monitor and evaluation; not measured on a GPU):
   per device, GB        args      out  aliased     temp    total   +resident
-    learner         11.43    11.43    11.43    17.75    29.18      29.18
-    sampler          4.46     0.65     0.65     4.14     8.60      16.23
+    learner         11.43    11.43    11.43    16.87    28.30      28.30
+    sampler          4.46     0.65     0.65     4.36     8.82      16.44
     rescoring        3.81     0.00     0.00     3.75     7.55      15.18
     drift            3.81     0.00     0.00     5.77     9.58      17.20
-    eval sampler     6.44     2.63     2.63     7.94    14.38      22.00
+    eval sampler     6.45     2.64     2.64     7.94    14.38      22.01
     eval entropy     3.81     0.00     0.00     3.75     7.56      15.18
     train state 11.43 GB (parameters 3.81), buffer 0.00 GB
     +resident: total + the state and buffer not among the program's arguments (sampler: 7.62 GB)
-  peak per device: 29.18 GB of 80 GB (36%); fits with 20% headroom (<= 64.0 GB): yes
-(``--chip h200``: the same 29.18 GB of 141 GB.)
+  peak per device: 28.30 GB of 80 GB (35%); fits with 20% headroom (<= 64.0 GB): yes
+(``--chip h200``: the same 28.30 GB of 141 GB.)
 """
 
 from jaxreplay.config import sibling_config

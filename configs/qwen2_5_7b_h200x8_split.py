@@ -33,21 +33,21 @@ Settings the split needs or suggests:
 (XLA:CPU's memory analysis of each sub-mesh's compiled programs; not measured on a GPU):
   learner mesh (2 devices):
   per device, GB        args      out  aliased     temp    total   +resident
-    learner         45.70    45.70    45.70    42.93    88.63      88.63
+    learner         45.70    45.70    45.70    44.61    90.31      90.31
     weight sync     15.23    15.23     0.00    30.46    60.92      91.39
     drift           15.24     0.00     0.00     6.94    22.18      52.64
     eval sampler    25.68    10.45    10.45    23.56    49.24      79.71
-    eval entropy    15.23     0.00     0.00     5.13    20.36      50.83
+    eval entropy    15.23     0.00     0.00     4.74    19.97      50.44
     learner mesh peak per device: 91.39 GB of 141 GB (65%); fits with 20% headroom: yes
   generator mesh (6 devices; inference copy in bfloat16, 15.23 GB per device):
     sampler         16.13     0.90     0.90    33.11    49.24      64.47
     generator mesh peak per device: 64.47 GB of 141 GB (46%); fits with 20% headroom: yes
   (30.46 GB of the weight sync's and of the sampler's temp are XLA:CPU's float32 copies of
-  bf16 weights, which a GPU does not make: 88.63 and 34.01 GB without them.)
+  bf16 weights, which a GPU does not make: 90.31 and 34.01 GB without them.)
 
 On one H100 node (80 GB) the 2-GPU learner does not fit on any backend: its float32
 parameters and Adam state are 45.7 GB per GPU and the step adds the float32 gradient and
-its accumulator (88.63 GB). On H100s run 6/2 per node on two nodes (``launch/slurm_gpu.sh``;
+its accumulator (90.31 GB). On H100s run 6/2 per node on two nodes (``launch/slurm_gpu.sh``;
 the learner's fsdp spans 4 GPUs; ``--devices 16 --processes 2 --chip h100``: learner step
 49.28 GB, generator 32.79 GB without XLA:CPU's float32 copies, the weight sync 68.34 GB with
 them), or 4/4 on one node (``--config.mesh.generator_devices=4``: the same learner figures).

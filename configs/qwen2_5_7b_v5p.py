@@ -9,15 +9,15 @@ micro-batches of 4 rows (one per chip).
 (XLA:CPU's memory analysis of the compiled learner step, sampler, rescoring, drift
 monitor and evaluation; not measured on a TPU):
   per device, GB        args      out  aliased     temp    total   +resident
-    learner         22.85    22.85    22.85    20.79    43.64      43.64
+    learner         22.85    22.85    22.85    24.76    47.61      47.61
     sampler          8.92     1.30     1.30     5.40    14.31      29.55
-    rescoring        7.62     0.00     0.00     2.51    10.13      25.37
+    rescoring        7.62     0.00     0.00     2.35     9.96      25.20
     drift            7.62     0.00     0.00     3.46    11.08      26.32
-    eval sampler    12.85     5.23     5.23    13.15    26.00      41.23
-    eval entropy     7.62     0.00     0.00     2.51    10.13      25.37
+    eval sampler    12.86     5.24     5.24    13.15    26.00      41.24
+    eval entropy     7.62     0.00     0.00     2.35     9.96      25.20
     train state 22.85 GB (parameters 7.62), buffer 0.00 GB
     +resident: total + the state and buffer not among the program's arguments (sampler: 15.24 GB)
-  peak per device: 43.64 GB of 95 GB (46%); fits with 20% headroom (<= 76.0 GB): yes
+  peak per device: 47.61 GB of 95 GB (50%); fits with 20% headroom (<= 76.0 GB): yes
 """
 
 from jaxreplay.config import sibling_config

@@ -37,6 +37,8 @@ import numpy as np
 from flax import nnx
 
 from jaxreplay.models.spec import REMAT_POLICIES
+from jaxreplay.parallel.sharding import (constrain_batch, constrain_vocab, constrain_whole,
+                                         gather_params)
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # Rematerialisation of each block in the backward pass (``TransformerConfig.remat``):
@@ -470,18 +472,48 @@ class Transformer(nnx.Module):
     """The output head: float32 logits [B, T, V] of final-normed hidden states h [B, T, D].
 
     Applied to slices of ``hidden`` it computes the logits a chunk at a time (the
-    learner's chunked log-probs, ``jaxreplay.rl.scoring``).
+    learner's chunked log-probs, ``jaxreplay.rl.scoring``); ``logits_projector`` does the
+    same with the head's weight gathered once for all chunks.
+    """
+    return self.logits_projector()(h)
+
+  def logits_projector(self):
+    """``project_logits`` with the head's weight laid out once, for many calls.
+
+    Under a context mesh the head is vocabulary-parallel: the weight is split over V on
+    every device (``constrain_vocab``; the untied ``lm_head`` is stored so, the tied
+    table is resharded here, once), each call gathers the hidden states [B, c, D] whole
+    and returns logits split over V. No logits are all-reduced, and the weight's
+    gradient accumulates over the log-prob chunks locally. Without a mesh it is
+    ``project_logits``, operation for operation.
+
+    Returns:
+      A function h [B, T, D] -> float32 logits [B, T, V], equal to ``project_logits``.
     """
     if self.cfg.tie_embeddings:
-      w = self.embed.embedding[...].astype(h.dtype)
-      logits = jnp.einsum("btd,vd->btv", h, w, preferred_element_type=jnp.float32)
-      if self.cfg.scale_tied_logits:
-        logits = logits * self.cfg.d_model ** -0.5
-      return logits.astype(jnp.float32)
-    return self.lm_head(h).astype(jnp.float32)
+      return functools.partial(self._tied_logits,
+                               constrain_vocab(self.embed.embedding[...], 0))
+    return functools.partial(self._head_logits, constrain_vocab(self.lm_head.kernel[...], 1))
+
+  def _tied_logits(self, w_vd, h):
+    logits = jnp.einsum("btd,vd->btv", constrain_whole(h), w_vd.astype(h.dtype),
+                        preferred_element_type=jnp.float32)
+    if self.cfg.scale_tied_logits:
+      logits = logits * self.cfg.d_model ** -0.5
+    return constrain_vocab(logits.astype(jnp.float32), 2)
+
+  def _head_logits(self, w_dv, h):
+    dtype = self.cfg.dtype  # as nnx.Linear(dtype=cfg.dtype) promotes both operands
+    y = jax.lax.dot_general(constrain_whole(h).astype(dtype), w_dv.astype(dtype),
+                            (((h.ndim - 1,), (0,)), ((), ())))
+    return constrain_vocab(y.astype(jnp.float32), y.ndim - 1)
 
   def _embed(self, tokens):
-    return self.embed(tokens).astype(self.cfg.dtype)
+    """[B, T] int32 -> [B, T, D] in the activation dtype; the table gathered under a
+    context mesh in its parameter dtype (its gradient is a scatter-add: accumulating it
+    in bfloat16 would lose repeated tokens' updates)."""
+    table = gather_params(self.embed.embedding[...], "embed/embedding")
+    return constrain_batch(jnp.take(table, tokens, axis=0).astype(self.cfg.dtype))
 
   def _trunk(self, tokens: jax.Array, mask: jax.Array, segment_ids: jax.Array | None = None,
              positions: jax.Array | None = None) -> jax.Array:
@@ -498,13 +530,18 @@ class Transformer(nnx.Module):
     attn_mask = causal[None] & mask[:, None, :]
     if segment_ids is not None:
       attn_mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
+    attn_mask, positions = constrain_batch(attn_mask), constrain_batch(positions)
     x = self._embed(tokens)
     remat = self.cfg.remat != "none"
     if self.cfg.scan_layers:
       graphdef, stacked = nnx.split(self.blocks)
 
       def body(x, layer):
-        return nnx.merge(graphdef, layer)(x, positions, attn_mask), None
+        # FSDP: this layer's weights, cast to the activation dtype (the cast each layer
+        # makes anyway) and gathered; activations stay split over the batch.
+        layer = gather_params(_cast_floats(layer, self.cfg.dtype))
+        return constrain_batch(nnx.merge(graphdef, layer)(constrain_batch(x), positions,
+                                                          attn_mask)), None
 
       if remat:
         body = jax.checkpoint(body, policy=remat_policy(self.cfg.remat), prevent_cse=False)
@@ -595,6 +632,12 @@ class Transformer(nnx.Module):
     if last_only:
       x = x[:, -1:]
     return self._logits(x), KVCache(k=ck, v=cv, valid=valid)
+
+
+def _cast_floats(tree, dtype):
+  """Floating leaves of ``tree`` cast to ``dtype`` (others unchanged)."""
+  return jax.tree.map(
+      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
 def stack_blocks(params: nnx.State, n_layers: int) -> nnx.State:

@@ -9,6 +9,13 @@ not divide the dimension it would shard is dropped (that dimension is replicated
 tiny test models still run on 8 devices. A block parameter of the scan layout
 (``blocks/attn/q/kernel`` [L, ...], no layer index in the path) gets its rule's spec
 behind a replicated layer axis.
+
+Inside the learner's jits (which set the mesh as the context mesh, ``jax.set_mesh``) the
+model runs as FSDP: ``gather_params`` gathers one layer's weights at a time inside the
+layer scan, ``constrain_batch`` keeps activations split over the batch, and the output head
+is vocabulary-parallel (``constrain_vocab``, ``constrain_whole``), so no activation wider
+than one log-prob chunk's hidden states is summed over devices. Without a context mesh
+these are identities.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"mlp/(gate|up)/kernel$", P("fsdp", "tensor")),        # [D, F]
     (r"mlp/(gate|up)/bias$", P("tensor")),                  # [F]
     (r"mlp/down/kernel$", P("tensor", "fsdp")),             # [F, D]
-    (r"lm_head/kernel$", P("fsdp", "tensor")),              # [D, V]
+    # vocabulary-parallel head: logits come out split over V, so none is all-reduced
+    (r"lm_head/kernel$", P(None, ("fsdp", "tensor"))),      # [D, V]
     (r".*", P()),                                           # norms, remaining biases
 )
 
@@ -260,3 +268,87 @@ def place_rows(tree: Any, mesh: Mesh | None) -> Any:
     return multihost.to_global(np.asarray(x), NamedSharding(mesh, spec))
 
   return jax.tree.map(place, tree)
+
+
+# Activation and gathered-parameter layouts inside traced model code. They apply under a
+# context mesh (``jax.set_mesh``, which the learner step sets) and are no-ops without one,
+# so the same model code runs unsharded on one device and as FSDP on a mesh.
+
+
+def context_mesh():
+  """The enclosing ``jax.set_mesh``'s abstract mesh when it has the batch axes, else None."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
+    return None
+  return mesh
+
+
+def constrain_batch(x: jax.Array) -> jax.Array:
+  """``x`` [B, ...] laid out with B split over ``data`` × ``fsdp``, the rest unsplit.
+
+  An explicit activation layout: with every activation batch-split, a matmul against a
+  weight split over ``fsdp`` can only gather the weight (FSDP), not all-reduce partial
+  activations. Identity without a context mesh (``context_mesh``); axes that do not
+  divide B are dropped (``fit_spec``).
+  """
+  mesh = context_mesh()
+  if mesh is None:
+    return x
+  return jax.lax.with_sharding_constraint(x, fit_spec(P(BATCH_AXES), x.shape, mesh))
+
+
+def _without_batch_axes(spec: P) -> P:
+  def keep(entry):
+    names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+    kept = tuple(n for n in names if n not in BATCH_AXES)
+    return None if not kept else (kept[0] if len(kept) == 1 else kept)
+  return P(*(keep(e) for e in spec))
+
+
+def gather_params(tree: Any, prefix: str = "",
+                  rules: Sequence[tuple[str, P]] = PARAM_RULES) -> Any:
+  """Parameters of ``tree`` laid out whole over ``data`` × ``fsdp`` (an all-gather of
+  each FSDP shard), keeping their ``tensor`` split; identity without a context mesh.
+
+  Call it where the weights are used (inside the layer scan: one layer at a time), so
+  only one layer's gathered weights are live; their gradients then reduce-scatter back
+  to the parameters' layout.
+
+  Args:
+    tree: pytree of arrays (e.g. one block's ``nnx.State`` inside the scan).
+    prefix: path prefix for ``rules`` (e.g. ``"embed"``), joined with ``/``.
+    rules: partition rules (``PARAM_RULES``).
+
+  Returns:
+    The tree, each leaf under a sharding constraint.
+  """
+  mesh = context_mesh()
+  if mesh is None:
+    return tree
+
+  def one(path, x):
+    name = "/".join(p for p in (prefix, path_str(path)) if p)
+    spec = _without_batch_axes(spec_for(name, x.shape, mesh, rules))
+    return jax.lax.with_sharding_constraint(x, spec)
+
+  return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def constrain_whole(x: jax.Array) -> jax.Array:
+  """``x`` laid out whole on every device (an all-gather of a split array); identity
+  without a context mesh."""
+  mesh = context_mesh()
+  return x if mesh is None else jax.lax.with_sharding_constraint(x, P())
+
+
+def constrain_vocab(x: jax.Array, axis: int) -> jax.Array:
+  """``x`` with dimension ``axis`` (the vocabulary) split over every mesh axis, the
+  others whole: the vocabulary-parallel output head, whose logits and weight gradient
+  stay local to each device's slice of V. Identity without a context mesh; axes that do
+  not divide V are dropped (``fit_spec``)."""
+  mesh = context_mesh()
+  if mesh is None:
+    return x
+  spec = [None] * x.ndim
+  spec[axis] = MESH_AXES
+  return jax.lax.with_sharding_constraint(x, fit_spec(P(*spec), x.shape, mesh))

@@ -61,7 +61,7 @@ def token_logprobs(graphdef: nnx.GraphDef, params, tokens: jax.Array, attention_
   """
   model = nnx.merge(graphdef, params)
   if chunk:
-    return chunked_scores(model.project_logits, model.hidden(tokens, attention_mask), tokens,
+    return chunked_scores(_projector(model), model.hidden(tokens, attention_mask), tokens,
                           chunk, temperature, top_k, top_p)
   return _scores(model(tokens, attention_mask), tokens, temperature, top_k, top_p)
 
@@ -188,6 +188,13 @@ def token_logprobs_by_rows(graphdef: nnx.GraphDef, params, tokens: jax.Array,
   return jax.tree.map(lambda x: x[:b], merge_micro_batches(out))
 
 
+def _projector(model):
+  """The model's output head for many chunks: ``logits_projector()`` where the policy has
+  it (the weight laid out once), else ``project_logits``."""
+  make = getattr(model, "logits_projector", None)
+  return make() if callable(make) else model.project_logits
+
+
 def chunked_scores(project, hidden_btd: jax.Array, tokens: jax.Array, chunk: int,
                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
                    ) -> tuple[jax.Array, jax.Array]:
@@ -280,7 +287,7 @@ def policy_and_values(graphdef: nnx.GraphDef, params, value_params, tokens: jax.
   head = nnx.merge(value.value_graphdef(), value_params)
   if chunk:
     hidden = model.hidden(tokens, attention_mask)
-    logp, ent = chunked_scores(model.project_logits, hidden, tokens, chunk, temperature,
+    logp, ent = chunked_scores(_projector(model), hidden, tokens, chunk, temperature,
                                top_k, top_p)
     return logp, ent, value.token_values(head, hidden)
   logits, hidden = value.forward_with_hidden(model, tokens, attention_mask)
@@ -320,7 +327,7 @@ def packed_scores(graphdef: nnx.GraphDef, params, tokens: jax.Array, plan: packi
   tok_rw = packing.pack(tokens, plan)
   hidden = model.hidden(tok_rw, plan.mask, plan.segment_ids, plan.positions)
   if chunk:
-    logp, ent = chunked_scores(model.project_logits, hidden, tok_rw, chunk, temperature,
+    logp, ent = chunked_scores(_projector(model), hidden, tok_rw, chunk, temperature,
                                top_k, top_p)
   else:
     logp, ent = _scores(model.project_logits(hidden), tok_rw, temperature, top_k, top_p)

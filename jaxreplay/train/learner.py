@@ -89,7 +89,9 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
     packing plan of the drawn attention mask on the host, then a jitted update (state
     donated), and the metrics add ``learner_padding`` (empty ÷ all slots of the packed
     arrays); ``learner_step.lower`` then lowers the fused full-width step, the packed
-    step's upper bound in memory. Otherwise ``learner_step`` is the fused jitted step.
+    step's upper bound in memory, and ``learner_step.lower_update(state, sample, plan)``
+    the packed update alone (what a packed step runs after the draw). Otherwise
+    ``learner_step`` is the fused jitted step.
   """
 
   batch_size, sampler_cfg = rb.batch_size, rb.spec
@@ -131,11 +133,12 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
     metrics.update(batch_metrics)
     return state, buffer, metrics
 
+  fused_step = under_mesh(fused_step, mesh)
   plan_batch = getattr(train_step, "plan_batch", None)
   if plan_batch is None:
     return fused_step
-  draw_jit = jax.jit(draw, donate_argnums=(1,))
-  update_jit = jax.jit(update, donate_argnums=(0,))
+  draw_jit = under_mesh(jax.jit(draw, donate_argnums=(1,)), mesh)
+  update_jit = under_mesh(jax.jit(update, donate_argnums=(0,)), mesh)
 
   # With a mesh the packed rows split over the batch axes like the batch (R a multiple of
   # data × fsdp): each device runs the forward of its packed rows, and only the int32
@@ -151,7 +154,38 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
     return state, buffer, metrics
 
   learner_step.lower = fused_step.lower
+  learner_step.lower_update = update_jit.lower
   return learner_step
+
+
+def under_mesh(jitted, mesh):
+  """``jitted`` (and its ``lower``) traced and run with ``mesh`` as the context mesh.
+
+  The model's activation constraints and per-layer parameter gathers
+  (``sharding.constrain_batch``, ``sharding.gather_params``) apply only under a context
+  mesh; the learner's jits set it, so the update runs as FSDP on a mesh and exactly as
+  before without one.
+
+  Args:
+    jitted: a ``jax.jit`` function. mesh: a ``Mesh``, or None (``jitted`` returned as is).
+
+  Returns:
+    A function with the signature of ``jitted`` and a ``lower`` attribute.
+  """
+  if mesh is None:
+    return jitted
+
+  @functools.wraps(jitted)
+  def run(*args, **kwargs):
+    with jax.set_mesh(mesh):
+      return jitted(*args, **kwargs)
+
+  def lower(*args, **kwargs):
+    with jax.set_mesh(mesh):
+      return jitted.lower(*args, **kwargs)
+
+  run.lower = lower
+  return run
 
 
 def _bad_slots(valid_c, s: replay.SampleResult, cfg: replay.SamplerConfig) -> jax.Array:

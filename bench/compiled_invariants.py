@@ -1,0 +1,198 @@
+"""Invariants of the compiled programs at Qwen2.5-7B widths, read from their HLO.
+
+``python bench/compiled_invariants.py [--config configs/qwen2_5_7b_h100x8.py] [--layers 2]
+[--seed 0]``
+
+Compiles (``jax.jit(...).lower(abstract shapes).compile()``; no weight is allocated, nothing
+runs) the learner's packed update step of a 7B preset on 8 fake CPU devices
+(``--xla_force_host_platform_device_count=8``), at the preset's mesh, batch, micro-batches
+and log-prob chunks, Qwen2.5-7B widths with ``--layers`` layers, its packing plan drawn
+from a lognormal batch (``lognormal_mask``). It reads the collectives of the compiled HLO
+(``jaxreplay.parallel.hlo``: bytes × executions per step, bytes as XLA:CPU moves them,
+bfloat16 as float32) and prints, as its last line::
+
+  learner_activation_allreduce_ratio=F learner_collectives_vs_fsdp=F
+  packed_padding_accum8=F generator_ops_on_learner_devices=N
+  decode_collectives_per_token=N refresh_temp_gb_64x4k=F publish_extra_gb=F
+
+(one line). Measured here:
+
+* ``learner_activation_allreduce_ratio``: bytes of all-reduces of non-parameter shape
+  (activations, norm statistics, partial logits) ÷ bytes of all-gathers of parameter
+  shape, per step (``inf`` when nothing is all-gathered but activations are all-reduced).
+  Goal ≤ 0.05.
+* ``learner_collectives_vs_fsdp``: all collective bytes of the step ÷ the FSDP analytic
+  ``fsdp_bytes``: per micro-batch every parameter gathered twice (forward, and again for
+  the rematerialised backward) and its gradient reduce-scattered once, in the parameter
+  dtype. Goal ≤ 1.5.
+* ``packed_padding_accum8``: empty ÷ all slots of the packed rows of the learner's plan
+  for the lognormal batch at 8 micro-batches (``learner_step``'s ``learner_padding``).
+  Goal ≤ 0.15.
+
+Not measured by this script (printed ``na``): ``generator_ops_on_learner_devices``,
+``decode_collectives_per_token``, ``refresh_temp_gb_64x4k``, ``publish_extra_gb`` —
+the generator, weight-swap and publish parts of the invariants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+_FLAG = "--xla_force_host_platform_device_count"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" {_FLAG}=8").strip()
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+FIELDS = ("learner_activation_allreduce_ratio", "learner_collectives_vs_fsdp",
+          "packed_padding_accum8", "generator_ops_on_learner_devices",
+          "decode_collectives_per_token", "refresh_temp_gb_64x4k", "publish_extra_gb")
+
+
+def lognormal_mask(batch: int, prompt_width: int, max_new: int, seed: int = 0):
+  """A [B, P + M] bool attention mask of a ragged rollout batch (host numpy).
+
+  Prompts left-padded with lognormal lengths (median 120, σ 0.4, in [8, P]); completions
+  right-padded with lognormal lengths (median 300, σ 0.8, in [1, M]): the long tail
+  of reasoning completions that packing is for.
+  """
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  p = np.clip(rng.lognormal(np.log(120), 0.4, batch), 8, prompt_width).astype(int)
+  c = np.clip(rng.lognormal(np.log(300), 0.8, batch), 1, max_new).astype(int)
+  cols = np.arange(prompt_width + max_new)
+  return ((cols >= prompt_width - p[:, None]) & (cols < prompt_width + c[:, None]))
+
+
+def learner_ratios(hlo_text: str, params, fsdp_bytes: int) -> dict:
+  """The two learner fields from a compiled update step's HLO.
+
+  Args:
+    hlo_text: the optimized HLO. params: the abstract parameters (shapes only).
+    fsdp_bytes: the FSDP analytic bytes of one step (``fsdp_bytes``).
+
+  Returns:
+    ``hlo.learner_traffic``'s dict plus ``learner_activation_allreduce_ratio`` (``inf``
+    when no parameter is gathered but activations are all-reduced) and
+    ``learner_collectives_vs_fsdp``.
+  """
+  from jaxreplay.parallel import hlo
+  r = hlo.learner_traffic(hlo_text, hlo.param_sizes(params))
+  act, gathered = r["activation_allreduce"], r["param_allgather"]
+  r["learner_activation_allreduce_ratio"] = (act / gathered if gathered
+                                             else (float("inf") if act else 0.0))
+  r["learner_collectives_vs_fsdp"] = r["total"] / fsdp_bytes
+  return r
+
+
+def fsdp_bytes(params, micro_batches: int, updates: int = 1) -> int:
+  """The FSDP analytic of one learner step: (2 gathers + 1 reduce-scatter) × parameter
+  bytes, per micro-batch and optimizer update."""
+  import jax
+  import numpy as np
+  p = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params))
+  return 3 * p * micro_batches * updates
+
+
+def compile_learner_update(cfg, tcfg, mesh, mask):
+  """The compiled packed update of ``cfg``'s learner on ``mesh`` for the batch ``mask``.
+
+  Returns:
+    (compiled executable, abstract params, the packing plan, compile seconds).
+  """
+  import jax
+  import numpy as np
+
+  from jaxreplay import replay
+  from jaxreplay.models import hf
+  from jaxreplay.parallel import sharding as sharding_lib
+  from jaxreplay.rl.train_step import init_train_state, make_optimizer, make_train_step
+  from jaxreplay.rollout import empty_rollout
+  from jaxreplay.train.learner import make_learner_step
+  from memory_plan import _placed
+
+  graphdef, params = hf.abstract_model(tcfg)
+  optimizer = make_optimizer(cfg.algo, cfg.train.steps)
+  state = jax.eval_shape(lambda p: init_train_state(graphdef, p, optimizer, cfg.algo), params)
+  state_sh = sharding_lib.param_shardings(state, mesh)
+  state = _placed(state, state_sh)
+  b, t = mask.shape
+  sample = jax.eval_shape(lambda: replay.SampleResult(
+      items=empty_rollout(b, t), per_item=np.zeros((b, 4), np.int32),
+      sampling=np.zeros((b, 2), np.float32)))
+  sample = _placed(sample, jax.tree.map(
+      lambda x: sharding_lib.batch_sharding(mesh, x.ndim, b), sample))
+  train_step = make_train_step(graphdef, optimizer, cfg.algo, cfg.sampler.temperature,
+                               cfg.sampler.top_k, cfg.sampler.top_p)
+  rb = replay.make_replay_buffer(cfg.buffer.capacity, b, replay.from_config(cfg.buffer))
+  step = make_learner_step(train_step, rb, mesh=mesh, state_sharding=state_sh)
+  plan = train_step.plan_batch(mask, multiple=sharding_lib.batch_shards(mesh))
+  placed = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                        sharding_lib.place_rows(plan, mesh))
+  t0 = time.time()
+  compiled = step.lower_update(state, sample, placed).compile()
+  return compiled, params, plan, time.time() - t0
+
+
+def format_line(values: dict) -> str:
+  """The result line: every ``FIELDS`` key, ``na`` where not in ``values``."""
+  def fmt(v):
+    if v is None:
+      return "na"
+    return str(v) if isinstance(v, int) else f"{v:.3f}"
+  return " ".join(f"{k}={fmt(values.get(k))}" for k in FIELDS)
+
+
+def _parse(argv):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--config", default="configs/qwen2_5_7b_h100x8.py")
+  p.add_argument("--layers", type=int, default=2, help="layers of the 7B-width model")
+  p.add_argument("--seed", type=int, default=0, help="seed of the lognormal batch")
+  return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  args = _parse(argv)
+  import dataclasses
+
+  import jax
+  import numpy as np
+
+  from jaxreplay import config as config_lib
+  from jaxreplay.parallel import sharding as sharding_lib
+  from jaxreplay.rl import packing
+  from jaxreplay.rl.spec import AlgoSpec
+  from memory_plan import model_config
+
+  cfg = config_lib.load_config(args.config)
+  tcfg = dataclasses.replace(model_config(cfg, args.config), n_layers=args.layers)
+  devices = jax.device_count()
+  w = int(cfg.mesh.get("generator_devices", 0) or 0)
+  shape = config_lib.mesh_shape(cfg, devices - w)
+  mesh = sharding_lib.make_mesh(*shape, devices=jax.devices()[:int(np.prod(shape))])
+  mask = lognormal_mask(cfg.train.batch_size, cfg.task.prompt_width,
+                        cfg.sampler.max_new_tokens, args.seed)
+  compiled, params, plan, secs = compile_learner_update(cfg, tcfg, mesh, mask)
+  spec = AlgoSpec.from_config(cfg.algo)
+  analytic = fsdp_bytes(params, spec.num_minibatches * spec.grad_accum_steps,
+                        spec.update_epochs)
+  r = learner_ratios(compiled.as_text(), params, analytic)
+  print(f"learner: mesh (data, fsdp, tensor) = {shape}, {tcfg.n_layers} layers of 7B width, "
+        f"batch {mask.shape}, {spec.grad_accum_steps} micro-batches, compiled in {secs:.0f} s")
+  print("  collective GB per step: " + ", ".join(
+      f"{k} {v / 1e9:.2f}" for k, v in r["by_kind"].items()) +
+        f"; activation all-reduce {r['activation_allreduce'] / 1e9:.2f}, parameter "
+        f"all-gather {r['param_allgather'] / 1e9:.2f}, gradient reduction "
+        f"{r['grad_reduce'] / 1e9:.2f}, FSDP analytic {analytic / 1e9:.2f}")
+  values = {k: r[k] for k in ("learner_activation_allreduce_ratio",
+                              "learner_collectives_vs_fsdp")}
+  values["packed_padding_accum8"] = packing.padding_fraction(plan)
+  print(format_line(values))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
