@@ -155,7 +155,7 @@ def merge_adapters(graphdef: nnx.GraphDef, params: nnx.State
     parameter unchanged. A model without adapters is returned as it is.
   """
   model = nnx.merge(graphdef, params)
-  for path, parent in list(model.iter_modules()):
+  for _, parent in list(nnx.iter_modules(model)):
     for name in LORA_TARGETS:
       layer = getattr(parent, name, None)
       if isinstance(layer, LoRALinear):
