@@ -200,7 +200,9 @@ def test_a_tiny_lora_run_resumes_bit_identically(base_policy_cache, tmp_path):
   from conftest import run
   from jaxreplay.train.loop import restore as restore_run
   kw = {"model.lora": {"rank": 2, "alpha": 4.0, "targets": ("q", "v", "up")},
-        "train.steps": 4, "eval.every": 2, "checkpoint.every": 2, "drift.every": 2}
+        "train.steps": 4, "eval.every": 2, "checkpoint.every": 2, "drift.every": 2,
+        # the tiny policy earns no reward in 4 steps: the entropy bonus gives a gradient
+        "algo.entropy_coef": 0.01}
   quiet = lambda *_: None
   run(tiny_run_config(tmp_path / "a", base_policy_cache, **kw), log=quiet)
   run(tiny_run_config(tmp_path / "c", base_policy_cache, **{**kw, "train.steps": 2}), log=quiet)
@@ -215,5 +217,23 @@ def test_a_tiny_lora_run_resumes_bit_identically(base_policy_cache, tmp_path):
   for x, y in zip(jax.tree.leaves(ca.state), jax.tree.leaves(cc.state)):
     np.testing.assert_array_equal(x, y)
   ad, _ = lora.split_adapters(ca.state.params)
-  assert any(float(jnp.abs(x).max()) > 0 for k, x in nnx.to_flat_state(ad)
+  assert any(float(jnp.abs(x[...]).max()) > 0 for k, x in nnx.to_flat_state(ad)
              if k[-1] == "lora_b")  # the adapters trained
+  # the merged export (W + s·A B in the Hugging Face layout) gives the run's own logits
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  from jaxreplay import export
+  out = tmp_path / "hf"
+  export.export(str(tmp_path / "a"), str(out))
+  job, _ = states[0]
+  tok = np.random.default_rng(0).integers(3, 50, (2, 9))
+  ours = np.asarray(nnx.merge(job.graphdef, ca.state.params)(jnp.asarray(tok),
+                                                             jnp.ones(tok.shape, bool)))
+  model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+  with torch.no_grad():
+    theirs = model(torch.as_tensor(tok)).logits.numpy()
+  cfg = nnx.merge(job.graphdef, ca.state.params).cfg
+  tol = 2 * reorder_tol(forward_terms(cfg, 9) + 2 * 2, scale=float(np.abs(ours).max()))
+  np.testing.assert_allclose(theirs, ours, atol=tol, rtol=0)
+  r = export.export(str(tmp_path / "a"), str(tmp_path / "peft"), adapters=True)
+  assert set(r["files"]) == {"adapter_model.safetensors", "adapter_config.json"}
