@@ -77,8 +77,9 @@ def test_fresh_adapters_give_the_base_models_logits_exactly(scan):
   assert {str(k[-1]) for k, _ in nnx.to_flat_state(ad)} == {"lora_a", "lora_b"}
 
 
-def test_only_adapters_get_gradients_and_optimizer_state():
-  cfg = tiny_cfg()
+@pytest.mark.parametrize("scan", [False, True])
+def test_only_adapters_get_gradients_and_optimizer_state(scan):
+  cfg = tiny_cfg(scan)
   g, p, g2, p2 = with_adapters(cfg, targets=("q", "v", "down"))
   algo = dict(staleness_buckets=(0,))
   opt = train_step.make_optimizer(dict(lr=1e-2, warmup_steps=0), 1)
@@ -140,6 +141,29 @@ def test_merged_and_unmerged_forms_give_one_loss_and_gradient(loss):
     scale = float(jnp.abs(want).max()) + 1e-30
     np.testing.assert_allclose(var[...], want, atol=reorder_tol(n, scale=scale), rtol=0,
                                err_msg=str(path))
+
+
+def test_packed_and_accumulated_gradients_of_adapters_equal_the_whole_batchs():
+  from jaxreplay.rl import packing
+  cfg = tiny_cfg()
+  _, _, g2, p2 = with_adapters(cfg, b_std=0.1)
+  ad, frozen = lora.split_adapters(p2)
+  b = batch().replace(attention_mask=jnp.asarray(np.arange(T)[None, :] < np.array(
+      [[6], [4], [5], [3]])))
+  args = (b, jnp.ones(B), jnp.zeros(B, jnp.int32), None, None, None)
+  algo = dict(staleness_buckets=(0,), entropy_coef=0.01)
+  (l1, _), g1 = train_step.make_grad_fn(g2, algo, 1.0)(ad, *args, frozen=frozen)
+  plan = jax.tree.map(lambda x: jnp.asarray(x[0]),
+                      packing.plan_groups(np.asarray(b.attention_mask), 1, 2))
+  (l2, _), g2_ = train_step.make_grad_fn(g2, {**algo, "grad_accum_steps": 2}, 1.0)(
+      ad, *args, plan, frozen=frozen)
+  # packing and micro-batches reorder the forward chain, its backward run and the B·T
+  # positions a gradient sums (conftest.forward_terms)
+  n = 2 * forward_terms(cfg, T) + B * T
+  np.testing.assert_allclose(l2, l1, rtol=reorder_tol(n), atol=reorder_tol(n))
+  for x, y in zip(jax.tree.leaves(g2_), jax.tree.leaves(g1)):
+    np.testing.assert_allclose(x, y, rtol=0,
+                               atol=reorder_tol(n, scale=float(jnp.abs(y).max()) + 1e-30))
 
 
 def test_exported_adapters_load_in_peft_with_the_same_logits(tmp_path):
