@@ -376,6 +376,10 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
   A policy that implements only ``__call__`` (no ``hidden`` / ``project_logits``) trains
   unpacked, with a one-line warning at build time (``fit_to_policy``).
 
+  A policy with LoRA adapters (``models.lora.add_adapters``) updates only its
+  ``nnx.LoRAParam`` leaves: the gradient, clip norm and optimizer step cover them alone,
+  and the frozen rest of ``state.params`` comes back unchanged.
+
   Raises:
     ValueError: invalid ``algo``, or ``algo.logprob_chunk > 0`` for a policy without
       ``hidden`` / ``project_logits`` (at build time); B not divisible by
