@@ -77,6 +77,17 @@ def test_fresh_adapters_give_the_base_models_logits_exactly(scan):
   assert {str(k[-1]) for k, _ in nnx.to_flat_state(ad)} == {"lora_a", "lora_b"}
 
 
+def test_adapters_are_float32_over_a_bfloat16_base_and_start_exact():
+  import dataclasses
+  cfg = dataclasses.replace(tiny_cfg(), dtype="bfloat16", param_dtype="bfloat16")
+  g, p, g2, p2 = with_adapters(cfg)
+  ad, frozen = lora.split_adapters(p2)
+  assert {x.dtype for x in jax.tree.leaves(ad)} == {jnp.dtype("float32")}
+  assert {x.dtype for x in jax.tree.leaves(frozen)} == {jnp.dtype("bfloat16")}
+  tok, mask = batch().tokens, jnp.ones((B, T), bool)
+  np.testing.assert_array_equal(nnx.merge(g2, p2)(tok, mask), nnx.merge(g, p)(tok, mask))
+
+
 @pytest.mark.parametrize("scan", [False, True])
 def test_only_adapters_get_gradients_and_optimizer_state(scan):
   cfg = tiny_cfg(scan)

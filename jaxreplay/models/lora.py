@@ -53,8 +53,9 @@ class LoRALinear(nnx.Linear):
   the base layer's exactly.
 
   Attributes:
-    lora_a: ``nnx.LoRAParam`` [in, r] (list layout; [L, in, r] stacked in the scan layout).
-    lora_b: ``nnx.LoRAParam`` [r, out] ([L, r, out]).
+    lora_a: ``nnx.LoRAParam`` [in, r] float32 (list layout; [L, in, r] stacked in the scan
+      layout), cast to the activation dtype in the product.
+    lora_b: ``nnx.LoRAParam`` [r, out] float32 ([L, r, out]).
     lora_scale: float, alpha / rank.
   """
 
@@ -91,7 +92,7 @@ def add_adapters(graphdef: nnx.GraphDef, params: nnx.State, spec: LoraSpec,
   Returns:
     (graphdef, params) of the same model whose targeted layers are ``LoRALinear``: the
     base parameters unchanged (same paths, values and dtypes), A [.., in, r] ~ U(±1/√in)
-    and B [.., r, out] = 0 in the base kernel's dtype, as ``nnx.LoRAParam``.
+    and B [.., r, out] = 0, float32 ``nnx.LoRAParam`` whatever the base's dtype.
 
   Raises:
     ValueError: ``spec`` is off (rank 0), or the model already has adapters.
@@ -106,9 +107,10 @@ def add_adapters(graphdef: nnx.GraphDef, params: nnx.State, spec: LoraSpec,
     w = base.kernel[...]
     *lead, d_in, d_out = w.shape
     bound = d_in ** -0.5
-    a = jax.random.uniform(jax.random.fold_in(key, i), (*lead, d_in, spec.rank), w.dtype,
+    # float32 adapters (their optimizer's master weights) over a base of any dtype
+    a = jax.random.uniform(jax.random.fold_in(key, i), (*lead, d_in, spec.rank), jnp.float32,
                            -bound, bound)
-    b = jnp.zeros((*lead, spec.rank, d_out), w.dtype)
+    b = jnp.zeros((*lead, spec.rank, d_out), jnp.float32)
     setattr(parent, name, LoRALinear(base, a, b, spec.scale))
   return nnx.split(model)
 
