@@ -48,6 +48,10 @@ def get_config():
       source="builtin", path="", dtype="float32", param_dtype="float32",
       vocab_size=300, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32,
       d_ff=384, rope_theta=10_000.0, tie_embeddings=True, scan_layers=False, remat="none",
+      # LoRA adapters (Hu et al. 2021): rank > 0 trains only W + (alpha/rank)·A B's A and B
+      # on the targeted layers, the rest frozen (models/lora.py); rank 0 is off.
+      lora=dict(rank=0, alpha=32.0, dropout=0.0,
+                targets=("q", "k", "v", "o", "gate", "up", "down")),
   ))
 
   # Supervised warm start on deliberately noisy labels: the base policy puts real mass

@@ -43,10 +43,22 @@ def _presets() -> dict[str, object]:
 
 
 def _value(tree, section: str, name: str):
-  node = tree.get(section) if hasattr(tree, "get") else None
+  node = tree
+  for part in section.split("."):  # "model.lora": a sub-section
+    node = node.get(part) if hasattr(node, "get") else None
   if node is None or name not in node.keys():
     return _MISSING
   return node[name]
+
+
+def _tables():
+  """(section, spec class) of every table: ``config.SECTIONS``, each followed by its
+  sub-sections (``model.lora``)."""
+  from jaxreplay.models.spec import LoraSpec
+  subsections = {"model": [("model.lora", LoraSpec)]}
+  for section, spec_cls in config_lib.SECTIONS.items():
+    yield section, spec_cls
+    yield from subsections.get(section, [])
 
 
 def _show(value) -> str:
@@ -71,7 +83,7 @@ def render() -> str:
            "| `seed` | int | `0` | an int | The root of every random stream of the run. |",
            "| `workdir` | str | `\"runs/default\"` | a non-empty path or URL | The run directory "
            "(checkpoints, metrics, summary). |", ""]
-  for section, spec_cls in config_lib.SECTIONS.items():
+  for section, spec_cls in _tables():
     doc = (spec_cls.__doc__ or "").strip().splitlines()[0]
     meanings = attribute_docs(spec_cls)
     lines += [f"## `{section}`", "", _cell(doc), "",

@@ -163,12 +163,16 @@ def policy_config(c) -> Any:
   return cfg
 
 
-def read_params(state_dir, cfg):
+def read_params(state_dir, cfg, lora_spec=None, merge: bool = True):
   """The policy's parameters of a checkpoint, and only those (Orbax partial restore).
 
   Args:
     state_dir: the checkpoint's ``state`` directory (``locate``).
     cfg: the policy's ``TransformerConfig`` (``policy_config``).
+    lora_spec: the run's ``LoraSpec`` (``model.lora``); when enabled the checkpoint holds
+      adapters beside the frozen base.
+    merge: with adapters, return the merged kernels W + s·A B (``models.lora.merge_adapters``)
+      in the plain model's layout; False keeps the adapters (``nnx.LoRAParam`` leaves).
 
   Returns:
     ``nnx.State`` of the ``nnx.Param`` arrays, on the first device, each in the dtype it was
@@ -199,6 +203,8 @@ def read_params(state_dir, cfg):
     p = path_str(kp)
     by_path[p[:-len("/value")] if p.endswith("/value") else p] = leaf
   graphdef, abstract = abstract_model(cfg)
+  if lora_spec is not None and lora_spec.enabled:
+    graphdef, abstract = _with_adapters(graphdef, abstract, lora_spec)
   flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
   want = {path_str(kp): tuple(leaf.shape) for kp, leaf in flat}
   missing = sorted(set(want) - set(by_path))
@@ -208,7 +214,26 @@ def read_params(state_dir, cfg):
     raise ExportError(f"checkpoint {state_dir} does not hold the parameters of the run's model "
                       f"config: missing {missing[:3]}, wrong shape {wrong[:3]}, unexpected "
                       f"{sorted(set(by_path) - set(want))[:3]}")
-  return jax.tree_util.tree_unflatten(treedef, [by_path[path_str(kp)] for kp, _ in flat])
+  params = jax.tree_util.tree_unflatten(treedef, [by_path[path_str(kp)] for kp, _ in flat])
+  if lora_spec is not None and lora_spec.enabled and merge:
+    from jaxreplay.models import lora
+    _, params = lora.merge_adapters(graphdef, params)
+  return params
+
+
+def _with_adapters(graphdef, abstract, spec):
+  """(graphdef, abstract params) of the model with ``spec``'s adapters, allocating nothing."""
+  import jax
+
+  from jaxreplay.models import lora
+  box = {}
+
+  def add(params):
+    box["graphdef"], params = lora.add_adapters(graphdef, params, spec, jax.random.key(0))
+    return params
+
+  abstract = jax.eval_shape(add, abstract)
+  return box["graphdef"], abstract
 
 
 def hf_weights(cfg, params, dtype: str | None = None) -> tuple[dict, list[tuple[str, np.ndarray]]]:
@@ -345,8 +370,14 @@ def generation_config(c, ids: dict) -> dict:
 
 
 def export(workdir: str, out: str, *, step: int | None = None, best: bool = False,
-           dtype: str | None = None, max_shard_mb: float = DEFAULT_MAX_SHARD_MB) -> dict:
+           dtype: str | None = None, max_shard_mb: float = DEFAULT_MAX_SHARD_MB,
+           adapters: bool = False) -> dict:
   """Writes a run's policy at a checkpoint as a Hugging Face directory (module docstring).
+
+  A run with ``model.lora`` exports its merged kernels W + s·A B (Hu et al. 2021, eq. 3);
+  with ``adapters`` only the adapters, as a PEFT adapter directory
+  (``adapter_model.safetensors``, ``adapter_config.json``: ``peft.PeftModel.from_pretrained``
+  applies them to the run's starting ``hf`` checkpoint, recorded as its base model).
 
   Args:
     workdir: the run directory. out: the export directory (created; files of the same names
@@ -354,13 +385,15 @@ def export(workdir: str, out: str, *, step: int | None = None, best: bool = Fals
     step: the checkpoint step (None: the newest). best: the best held-out checkpoint.
     dtype: ``"bfloat16"`` or ``"float32"`` tensors (None: the parameters' dtype).
     max_shard_mb: weights above this many MB are sharded with an index.
+    adapters: write the LoRA adapters alone (PEFT layout) instead of the merged model.
 
   Returns:
     {"out", "step", "files": {name: bytes}, "bytes": total, "source": model.source}.
 
   Raises:
     ExportError: see ``locate``, ``policy_config``, ``read_params``, ``hf_weights`` and
-      ``write_tokenizer``; an unknown ``dtype``.
+      ``write_tokenizer``; an unknown ``dtype``; ``adapters`` for a run without
+      ``model.lora``.
   """
   from jaxreplay.models import safetensors_io
   if dtype not in (None, "float32", "bfloat16"):
@@ -368,7 +401,18 @@ def export(workdir: str, out: str, *, step: int | None = None, best: bool = Fals
   state_dir, step, tree = locate(workdir, step, best)
   c = run_specs(tree)
   cfg = policy_config(c)
-  params = read_params(state_dir, cfg)
+  lora_spec = c.model.lora_spec()
+  if adapters:
+    if not lora_spec.enabled:
+      raise ExportError("--adapters needs a run with LoRA adapters (model.lora.rank > 0)")
+    from jaxreplay.models import lora
+    params = read_params(state_dir, cfg, lora_spec, merge=False)
+    names = lora.save_peft(out, params, lora_spec, cfg.n_layers,
+                           base_model=c.model.path if c.model.source == "hf" else "")
+    files = {n: os.path.getsize(os.path.join(out, n)) for n in names}
+    return {"out": out, "step": step, "files": files, "bytes": sum(files.values()),
+            "source": c.model.source}
+  params = read_params(state_dir, cfg, lora_spec)
   hf, tensors = hf_weights(cfg, params, dtype)
   os.makedirs(out, exist_ok=True)
   for stale in os.listdir(out):  # a former export's weights would mix with these
@@ -407,6 +451,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                  help="tensor dtype (default: the parameters')")
   p.add_argument("--max-shard-mb", type=float, default=DEFAULT_MAX_SHARD_MB,
                  help="shard the weights above this size")
+  p.add_argument("--adapters", action="store_true",
+                 help="a LoRA run's adapters alone, as a PEFT adapter directory")
   a = p.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a host-side conversion: no accelerator
   from absl import logging
@@ -417,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   t0 = time.time()
   try:
     r = export(a.workdir, a.out, step=a.step, best=a.best, dtype=a.dtype,
-               max_shard_mb=a.max_shard_mb)
+               max_shard_mb=a.max_shard_mb, adapters=a.adapters)
   except ExportError as e:
     raise SystemExit(f"jaxreplay.export: {e}") from None
   finally:

@@ -5,15 +5,70 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from jaxreplay.spec import Spec, field
+from jaxreplay.spec import Spec, field, near
 
 MODEL_SOURCES = ("builtin", "hf", "gguf")
 DTYPES = ("float32", "bfloat16")
 # jax.checkpoint policies of a block (models.transformer.remat_policy)
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_no_batch")
 # TransformerConfig fields that a ModelSpec carries (the architecture of ``builtin``)
+# Linear layers a LoRA adapter may target (``model.lora.targets``), by their name in a block
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 ARCHITECTURE = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
                 "rope_theta", "tie_embeddings", "dtype", "param_dtype", "scan_layers", "remat")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec(Spec):
+  """The ``model.lora`` sub-section: low-rank adapters on the blocks' linear layers.
+
+  LoRA (Hu et al. 2021, arXiv 2106.09685, eq. 3): a targeted kernel W [in, out] is used as
+  W + (alpha / rank) · A B with A [in, rank] and B [rank, out]; only A and B train, W stays
+  frozen. ``jaxreplay.models.lora`` builds it.
+
+  Attributes:
+    rank: r >= 0, the adapters' rank (0 = off: the whole policy trains).
+    alpha: > 0, the scale numerator: the update is multiplied by alpha / rank.
+    dropout: the adapters' input dropout probability; only 0.0 is implemented.
+    targets: the block layers that get adapters, a non-empty tuple of distinct names from
+      ``LORA_TARGETS`` (attention q, k, v, o; SwiGLU gate, up, down).
+  """
+
+  SECTION: ClassVar[str] = "model.lora"
+
+  rank: int = field(0, ge=0, allowed="(0 = off)")
+  alpha: float = field(32.0, gt=0)
+  dropout: float = field(0.0, ge=0, lt=1)
+  targets: tuple = field(LORA_TARGETS)
+
+  def check(self):
+    """Rules of the sub-section.
+
+    Raises:
+      ConfigError: a target not in ``LORA_TARGETS``, an empty or repeated target list, or
+        ``dropout > 0`` (not implemented).
+    """
+    if not self.targets:
+      self.fail("targets", self.targets, f"must name at least one of {LORA_TARGETS}")
+    for t in self.targets:
+      if t not in LORA_TARGETS:
+        self.fail("targets", self.targets, f"each must be one of {LORA_TARGETS}{near(t, LORA_TARGETS)}")
+    if len(set(self.targets)) != len(self.targets):
+      self.fail("targets", self.targets, "must not repeat a name")
+    if self.dropout:
+      # Dropout on the adapters' input needs a random key per learner step threaded through
+      # the train step's forward passes, which take none today; RL LoRA recipes use 0.
+      self.fail("dropout", self.dropout, "must be 0.0 (adapter dropout is not implemented)")
+
+  @property
+  def enabled(self) -> bool:
+    """Adapters are on (``rank > 0``)."""
+    return self.rank > 0
+
+  @property
+  def scale(self) -> float:
+    """alpha / rank, the factor of the low-rank update (Hu et al. 2021, section 4.1)."""
+    return self.alpha / self.rank
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +99,8 @@ class ModelSpec(Spec):
     scan_layers: run the blocks as one ``lax.scan`` over stacked parameters (compile time
       independent of depth).
     remat: what each block keeps for the backward pass, one of ``REMAT_POLICIES``.
+    lora: the LoRA adapters, the ``model.lora`` sub-section (``LoraSpec``; its fields
+      have their own table); ``rank=0``: off, every parameter trains.
   """
 
   SECTION: ClassVar[str] = "model"
@@ -63,14 +120,17 @@ class ModelSpec(Spec):
   tie_embeddings: bool = field(True)
   scan_layers: bool = field(False)
   remat: str = field("none", choices=REMAT_POLICIES)
+  lora: dict = field(LoraSpec().to_dict())
 
   def check(self):
     """Shape rules of the built-in architecture.
 
     Raises:
       ConfigError: n_kv_heads not dividing n_heads, n_heads not dividing d_model, an odd
-        head_dim (``source='builtin'``), or a ``path`` with ``source='builtin'``.
+        head_dim (``source='builtin'``), a ``path`` with ``source='builtin'``, or a bad
+        ``model.lora`` field (``LoraSpec``).
     """
+    self.lora_spec()
     if self.source == "builtin":
       if self.n_heads % self.n_kv_heads:
         self.fail("n_kv_heads", self.n_kv_heads, f"must divide model.n_heads={self.n_heads}")
@@ -81,6 +141,10 @@ class ModelSpec(Spec):
       if self.path:
         self.fail("path", self.path, "is read only with model.source in ('hf', 'gguf'): set "
                   "it to ''")
+
+  def lora_spec(self) -> LoraSpec:
+    """The ``model.lora`` sub-section as a validated ``LoraSpec`` (raises ``ConfigError``)."""
+    return LoraSpec.from_config(self.lora)
 
   def architecture(self) -> dict:
     """The ``TransformerConfig`` keyword arguments of the built-in policy."""

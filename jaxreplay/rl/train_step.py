@@ -21,6 +21,7 @@ import optax
 from absl import logging
 from flax import nnx
 
+from jaxreplay.models.lora import join_adapters, split_adapters
 from jaxreplay.rl import diagnostics, losses, packing, value
 from jaxreplay.rl.objective import gae_advantages, item_weights, objective
 from jaxreplay.rl.scoring import (merge_micro_batches, micro_batches, packed_scores,
@@ -95,9 +96,10 @@ class TrainState:
   """Learner state (a pytree; the model graph lives outside it).
 
   Attributes:
-    params: nnx.State of the policy's parameters.
+    params: nnx.State of the policy's parameters (with LoRA: the frozen base and the
+      ``nnx.LoRAParam`` adapters, ``models.lora``).
     opt_state: optax state of ``params`` — or of ``(params, value_params)`` when a value
-      head is trained (``init_train_state`` sets this up).
+      head is trained (``init_train_state`` sets this up); with LoRA, of the adapters only.
     step: int32 scalar, learner steps taken = current policy version.
     skipped: int32 scalar, updates skipped for non-finite values (total).
     value_params: nnx.State of the ``ValueHead`` (``algo.advantage='gae'``), else None.
@@ -192,7 +194,8 @@ def init_train_state(graphdef: nnx.GraphDef, params, optimizer: optax.GradientTr
 
   Returns:
     TrainState with a zero-initialised value head when ``algo.advantage='gae'`` and a
-    frozen copy of ``params`` as the KL reference when ``algo.kl_coef > 0``.
+    frozen copy of ``params`` as the KL reference when ``algo.kl_coef > 0``. With LoRA
+    adapters in ``params`` (``models.lora``) the optimizer state covers only them.
 
   Raises:
     ValueError: invalid ``algo`` (see ``AlgoSpec``).
@@ -203,7 +206,8 @@ def init_train_state(graphdef: nnx.GraphDef, params, optimizer: optax.GradientTr
     value_params = value.init_value_params(nnx.merge(graphdef, params).cfg.d_model)
   if spec.uses_reference:
     ref_params = jax.tree.map(jnp.copy, params)
-  trainable = params if value_params is None else (params, value_params)
+  adapters, _ = split_adapters(params)
+  trainable = adapters if value_params is None else (adapters, value_params)
   return TrainState(params=params, opt_state=optimizer.init(trainable), step=jnp.int32(0),
                     skipped=jnp.int32(0), value_params=value_params, ref_params=ref_params)
 
@@ -231,9 +235,11 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
                  top_p: float = 1.0) -> Callable:
   """The loss, metrics and gradient of one minibatch, accumulated over micro-batches.
 
-  ``grad_fn(trainable, batch, weights, staleness, prox, ref, v_start, plan=None) ->
-  ((loss, metrics), grads)``, traceable (the caller jits). ``trainable`` is the policy's
-  parameters, or ``(params, value_params)`` with a value head. With
+  ``grad_fn(trainable, batch, weights, staleness, prox, ref, v_start, plan=None,
+  frozen=None) -> ((loss, metrics), grads)``, traceable (the caller jits). ``trainable`` is
+  the policy's parameters, or ``(params, value_params)`` with a value head; with LoRA its
+  params are the adapters and ``frozen`` the rest of the policy (``models.lora.split_adapters``),
+  which gets no gradient. With
   ``algo.grad_accum_steps = 1`` it is ``jax.value_and_grad`` of ``objective`` over the
   whole minibatch. With n > 1 the R rows
   are split into n micro-batches (``micro_batches``) scanned with ``lax.scan``, so only one
@@ -268,11 +274,12 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
 
   forward = _make_forward(graphdef, spec, temperature, top_k, top_p)
 
-  def split_trainable(trainable):
-    return trainable if spec.uses_value_head else (trainable, None)
+  def split_trainable(trainable, frozen=None):
+    params, value_params = trainable if spec.uses_value_head else (trainable, None)
+    return join_adapters(params, frozen), value_params
 
-  def loss_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None):
-    params, value_params = split_trainable(trainable)
+  def loss_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None, frozen=None):
+    params, value_params = split_trainable(trainable, frozen)
     logp, ent, values = forward(params, value_params, batch, plan)
     adv = returns = None
     if spec.uses_value_head:  # bootstrapped from the values at the start of the step
@@ -285,25 +292,26 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
   if n_micro == 1:
     value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def whole_grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None):
+    def whole_grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None, frozen=None):
       plan = None if plan is None else jax.tree.map(lambda x: x[0], plan)
-      return value_and_grad(trainable, batch, w, stale, prox, ref, v_start, plan)
+      return value_and_grad(trainable, batch, w, stale, prox, ref, v_start, plan, frozen)
 
     return whole_grad_fn
 
-  def micro_loss(trainable, batch, w, stale, prox, ref, v_start, adv, returns, norm, plan):
-    params, value_params = split_trainable(trainable)
+  def micro_loss(trainable, batch, w, stale, prox, ref, v_start, adv, returns, norm, plan,
+                 frozen):
+    params, value_params = split_trainable(trainable, frozen)
     logp, ent, values = forward(params, value_params, batch, plan)
     return objective(spec, logp, ent, batch, w, stale, adv_bt=adv, returns_bt=returns,
                      prox_logp_bt=prox, ref_logp_bt=ref, values_bt=values,
                      start_values_bt=v_start, normaliser=norm)
 
-  def grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None):
+  def grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None, frozen=None):
     mask = losses.loss_mask(batch.completion_mask, batch.truncated, spec.mask_truncated)
     norm = losses.aggregate_normaliser(mask, spec.aggregation)
     adv = returns = None
     if spec.uses_value_head:
-      params, value_params = split_trainable(sg(trainable))
+      params, value_params = split_trainable(sg(trainable), frozen)
       logp0, _, values0 = merge_micro_batches(jax.lax.map(
           lambda a: forward(params, value_params, *a), (micro_batches(batch, n_micro), plan)))
       v_start = values0 if v_start is None else v_start
@@ -312,7 +320,7 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
 
     def accumulate(g_sum, x):
       (loss, metrics), g = jax.value_and_grad(micro_loss, has_aux=True)(trainable, *x[0], norm,
-                                                                         x[1])
+                                                                         x[1], frozen)
       return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g), (loss, metrics)
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
@@ -367,6 +375,10 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
   A policy that implements only ``__call__`` (no ``hidden`` / ``project_logits``) trains
   unpacked, with a one-line warning at build time (``fit_to_policy``).
+
+  A policy with LoRA adapters (``models.lora.add_adapters``) updates only its
+  ``nnx.LoRAParam`` leaves: the gradient, clip norm and optimizer step cover them alone,
+  and the frozen rest of ``state.params`` comes back unchanged.
 
   Raises:
     ValueError: invalid ``algo``, or ``algo.logprob_chunk > 0`` for a policy without
@@ -424,8 +436,9 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
       prox, _, v_start = jax.tree.map(sg, by_micro_batch(
           lambda mb, p: forward(state.params, state.value_params, mb, p), batch, plan))
     data = (batch, weights, staleness, prox, ref, v_start)
-    trainable = state.params if not spec.uses_value_head else (state.params,
-                                                               state.value_params)
+    # With LoRA only the adapters are trained; the frozen rest rides outside the scan.
+    adapters, frozen = split_adapters(state.params)
+    trainable = adapters if not spec.uses_value_head else (adapters, state.value_params)
     idx = jnp.tile(jnp.arange(b).reshape(spec.num_minibatches, -1), (spec.update_epochs, 1))
     plans = None if plan is None else jax.tree.map(
         lambda x: jnp.tile(x, (spec.update_epochs,) + (1,) * (x.ndim - 1)), plan)
@@ -434,7 +447,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
       idx_m, plan_m = xs
       trainable, opt_state, skipped = carry
       mb = jax.tree.map(lambda x: x[idx_m], data)
-      (loss, metrics), grads = grad_fn(trainable, *mb, plan_m)
+      (loss, metrics), grads = grad_fn(trainable, *mb, plan_m, frozen)
       gnorm = optax.tree.norm(grads)
       finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
       updates, new_opt = optimizer.update(grads, opt_state, trainable)
@@ -457,6 +470,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     metrics["ess_sample_weights"] = diagnostics.effective_sample_size(
         w_b, jnp.ones(w_b.shape, bool))
     params, value_params = trainable if spec.uses_value_head else (trainable, state.value_params)
+    params = join_adapters(params, frozen)
     state = state.replace(params=params, value_params=value_params, opt_state=opt_state,
                           step=state.step + 1, skipped=skipped)
     return state, metrics

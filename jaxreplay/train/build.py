@@ -25,6 +25,7 @@ from flax import nnx
 from jaxreplay import replay, storage
 from jaxreplay.config import RunConfig
 from jaxreplay.models import hf as hf_models
+from jaxreplay.models import lora as lora_lib
 from jaxreplay.models.hf_tokenizer import HFTokenizer
 from jaxreplay.models.spec import ModelSpec
 from jaxreplay.models.tokenizer import load_or_train_tokenizer
@@ -58,6 +59,9 @@ from jaxreplay.train.progress import phase
 from jaxreplay.train.spec import (CheckpointSpec, DriftSpec, EvalSpec, RolloutSpec, TrainSpec,
                                   WarmstartSpec)
 from jaxreplay.train.warmstart import base_policy_key, load_or_train_base_policy
+
+# folded into the run's seed for the LoRA A matrices: a stream of its own
+LORA_KEY = 0x4C6F5241
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,6 +281,10 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
   io, graphdef, params, base_info = load_policy(c.model, c.task, c.warmstart, task, seed=c.seed,
                                                 max_new_tokens=m, log=log, mesh=mesh,
                                                 progress=c.log.progress)
+  lora_spec = c.model.lora_spec()
+  if lora_spec.enabled:  # adapters on the loaded (warm-started) policy, whose weights freeze
+    graphdef, params = lora_lib.add_adapters(graphdef, params, lora_spec,
+                                             jax.random.fold_in(jax.random.key(c.seed), LORA_KEY))
   if c.model.source == "builtin" and multihost.is_primary():
     # the run's own copy of its tokenizer: ``jaxreplay.export`` reads it from here
     ckpt_lib.write_atomic(os.path.join(workdir, "tokenizer.json"), io.tok.to_str())

@@ -21,6 +21,7 @@ from etils import epath
 
 from jaxreplay import storage
 from jaxreplay.parallel import multihost
+from jaxreplay.models.spec import LoraSpec
 from jaxreplay.replay.auto import AutoReplaySpec
 
 
@@ -438,7 +439,10 @@ BEHAVES_AS_ABSENT = {"rollout.behaviour_logprobs": "sampler", "eval.batch_rows":
                      # optional model keys before the model spec stated them (absent = off)
                      "model.scan_layers": False, "model.remat": "none",
                      # the self-tuning replay section, off, before the trainer had it
-                     **{f"auto_replay.{k}": v for k, v in AutoReplaySpec().to_dict().items()}}
+                     **{f"auto_replay.{k}": v for k, v in AutoReplaySpec().to_dict().items()},
+                     # LoRA, off, before the model section had it (tuples are JSON lists)
+                     **{f"model.lora.{k}": list(v) if isinstance(v, tuple) else v
+                        for k, v in LoraSpec().to_dict().items()}}
 
 
 def config_changes(saved: dict, current: dict) -> list[str]:

@@ -86,8 +86,9 @@ def base_policy_key(task: TaskSpec, model: ModelSpec, warmstart: WarmstartSpec,
   task_d = {k: v for k, v in task.to_dict().items()
             if k not in ("reward_timeout_s", "reward_workers")
             and not (k in _FILE_DEFAULTS and v == _FILE_DEFAULTS[k])}
+  # LoRA adapters are added after the warm start: they do not change the base policy.
   model_d = {k: v for k, v in model.to_dict().items()
-             if k != "remat" and not (k in _MODEL_DEFAULTS and v == _MODEL_DEFAULTS[k])}
+             if k not in ("remat", "lora") and not (k in _MODEL_DEFAULTS and v == _MODEL_DEFAULTS[k])}
   blob = json.dumps({"task": task_d, "model": model_d,
                      "warmstart": {k: v for k, v in warmstart.to_dict().items()
                                    if k != "cache_dir"},
