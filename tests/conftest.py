@@ -58,9 +58,9 @@ def base_policy_cache() -> str:
 # ``--dist loadfile`` xdist hands out whole files in collection order; started first, they
 # leave the many short files to fill in behind them, so the workers finish together instead
 # of one running a long file alone at the end.
-LONG_FILES = ("test_train_e2e.py", "test_train_mesh.py", "test_train_modes.py",
-              "test_multiprocess.py", "test_split.py", "test_sweep.py", "test_crash_kill.py",
-              "test_train_smollm2.py", "test_notebook.py", "test_learner_packing.py",
+LONG_FILES = ("test_train_e2e.py", "test_train_smollm2.py", "test_multiprocess.py",
+              "test_train_modes.py", "test_split.py", "test_notebook.py", "test_crash_kill.py",
+              "test_train_mesh.py", "test_sweep.py", "test_learner_packing.py",
               "test_auto_replay.py", "test_export.py", "test_train_hf.py", "test_models_gguf.py",
               "test_math_tasks.py", "test_samples.py")
 

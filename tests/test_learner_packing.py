@@ -193,6 +193,7 @@ def _algo(loss, **kw):
   return algo
 
 
+@pytest.mark.slow  # the packed and full-width gradients of every loss: the file's longest compile
 @pytest.mark.numerics
 def test_packed_gradient_equals_full_width_for_every_loss(setup, logp_atol):
   graphdef, params, batch = setup

@@ -158,6 +158,7 @@ def test_accumulated_gradient_with_value_head_and_reference(setup, logp_atol):
                                atol=reorder_tol(N_GRAD + n_sum - N_SUM, scale=g_max))
 
 
+@pytest.mark.slow  # compiles every aggregation mode at 1, 2 and 3 micro-batches (grads_by_mode)
 @pytest.mark.numerics
 def test_train_step_with_accumulation_takes_the_whole_batch_step(setup, grads_by_mode,
                                                                   logp_atol):

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import restore, run
+from conftest import run
 from jaxreplay import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,12 +38,25 @@ def preset_run(tmp_path_factory):
       "eval.samples_per_example=1", "eval.batch_rows=4", "eval.every=0", "checkpoint.every=2",
       "log.progress=False", "log.tensorboard=False",
       "mesh.data=1", "model.scan_layers=True"])  # one compiled block for all 30 layers
-  return c, run(c, log=_quiet)
+  # The run's job and final parameters (those its step-2 checkpoint holds) are kept for the
+  # export check, which would otherwise rebuild the job (the GGUF read and dequantised again)
+  # and restore the checkpoint to get them; checkpoint restores are test_checkpoint_*'s.
+  from jaxreplay.train import loop
+  kept, real_finish = {}, loop.finish
+
+  def finish_spy(job, carry):
+    kept.update(job=job, params=carry.state.params, step=carry.step)
+    return real_finish(job, carry)
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(loop, "finish", finish_spy)
+    summary = run(c, log=_quiet)
+  return c, summary, kept
 
 
 def test_two_learner_steps_of_the_preset(preset_run):
   from jaxreplay.train.metrics import read_metrics
-  c, s = preset_run
+  c, s, _ = preset_run
   assert s["steps"] == 2 and s["generated_rollouts"] == 8 and s["trained_tokens"] > 0
   assert s["base_policy"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
   for k in ("acc_greedy_before", "acc_sampled_before", "acc_greedy_after", "acc_sampled_after"):
@@ -65,14 +78,14 @@ def test_the_preset_exports_with_its_gguf_tokenizer(preset_run, tmp_path):
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   from jaxreplay import export
   from test_export import _greedy_pairs
-  c, _ = preset_run
+  c, _, kept = preset_run
   out = str(tmp_path / "hf")
   r = export.export(c.workdir, out)
-  assert r["source"] == "gguf" and r["step"] == 2
+  assert r["source"] == "gguf" and r["step"] == 2 == kept["step"]
   tok = transformers.AutoTokenizer.from_pretrained(out)
   model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-  job, carry = restore(c, log=_quiet)
-  pairs = _greedy_pairs(job, carry.state.params, job.task.heldout[:8], tok, model, M)
+  job = kept["job"]
+  pairs = _greedy_pairs(job, kept["params"], job.task.heldout[:8], tok, model, M)
   assert len(pairs) == 8
   for ours, theirs in pairs:
     assert len(ours) >= 1 and ours == theirs
