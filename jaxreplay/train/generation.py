@@ -9,6 +9,8 @@ values; the caller adds the ``Ledger`` increment and moves the data position.
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import functools
 from typing import Any, NamedTuple
@@ -252,19 +254,25 @@ def generate_rollouts(src: RolloutSource, params, position: int, key, version: i
                                             sharding_lib.batch_shards(out_mesh)), out_mesh)
           if algo.pack_sequences else None)
   numerics = {}
+  # The scoring passes trace under the same context mesh as the learner's step
+  # (``learner.under_mesh``), so they run the model's FSDP layout too: the rescored
+  # behaviour log-probs then equal the step's own to the bit, and the ratio is 1 on-policy.
+  scoring_mesh = (lambda: jax.set_mesh(out_mesh)) if out_mesh is not None else contextlib.nullcontext
   if src.rollout.behaviour_logprobs == "learner":
-    logp, numerics = learner_behaviour_logprobs(
-        graphdef, params, rollout, temperature=samp.temperature,
-        top_k=samp.top_k, top_p=samp.top_p, chunk=chunk, rows=rows, plan=plan)
+    with scoring_mesh():
+      logp, numerics = learner_behaviour_logprobs(
+          graphdef, params, rollout, temperature=samp.temperature,
+          top_k=samp.top_k, top_p=samp.top_p, chunk=chunk, rows=rows, plan=plan)
     rollout = rollout.replace(behaviour_logprobs=logp)
     numerics = {k: float(v) for k, v in multihost.to_host(numerics).items()}
   shaped = rewards
   kl_reward = ref_params is not None and algo.kl_mode == "reward" and algo.advantage != "gae"
   if kl_reward:
-    shaped = multihost.to_host(kl_reward_penalty(
-        graphdef, ref_params, rollout, temperature=samp.temperature,
-        beta=algo.kl_coef, estimator=algo.kl_estimator, top_k=samp.top_k,
-        top_p=samp.top_p, chunk=chunk, rows=rows, plan=plan))
+    with scoring_mesh():
+      shaped = multihost.to_host(kl_reward_penalty(
+          graphdef, ref_params, rollout, temperature=samp.temperature,
+          beta=algo.kl_coef, estimator=algo.kl_estimator, top_k=samp.top_k,
+          top_p=samp.top_p, chunk=chunk, rows=rows, plan=plan))
   r_pg = rewards.reshape(p, g)
   adv = np.asarray(compute_advantages(jnp.asarray(shaped.reshape(p, g)), algo.advantage))
   rollout = rollout.replace(advantages=_place(adv.reshape(-1).astype(np.float32), out_mesh))
