@@ -60,6 +60,9 @@ class Collective:
 
 
 def array_bytes(dtype: str, dims: tuple[int, ...]) -> int:
+  """Bytes of one HLO array: the product of ``dims`` (ints; () is a scalar) times the
+  element size of ``dtype`` (an HLO type name such as ``bf16``, ``f32``; 4 bytes for a
+  name not in ``DTYPE_BYTES``). Raises nothing."""
   n = 1
   for d in dims:
     n *= d
