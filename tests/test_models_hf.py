@@ -200,6 +200,18 @@ def test_safetensors_errors_name_the_file(tmp_path):
     safetensors_io.open_checkpoint(str(tmp_path / "missing"))
 
 
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_get_the_mode_of_the_umask(tmp_path, umask, mode):
+  """safetensors writes 0o600 whatever the umask; an exported model must be readable by
+  whoever the user's umask lets read their other files."""
+  old = os.umask(umask)
+  try:
+    safetensors_io.write_file(str(tmp_path / "m.safetensors"), {"a": np.ones(2, np.float32)})
+  finally:
+    os.umask(old)
+  assert os.stat(tmp_path / "m.safetensors").st_mode & 0o777 == mode
+
+
 def test_bf16_checkpoint_loads_exactly(tmp_path):
   model = make_hf_model("qwen3", str(tmp_path), dtype=torch.bfloat16)
   cfg, _, params = hf.from_pretrained(str(tmp_path), param_dtype="bfloat16")

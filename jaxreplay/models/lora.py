@@ -220,10 +220,10 @@ def save_peft(directory: str, params: nnx.State, spec: LoraSpec, n_layers: int,
   Returns:
     The written file names (``adapter_model.safetensors``, ``adapter_config.json``).
   """
-  from safetensors.numpy import save_file
+  from jaxreplay.models.safetensors_io import write_file
   os.makedirs(directory, exist_ok=True)
-  save_file(peft_tensors(params, n_layers), os.path.join(directory, "adapter_model.safetensors"),
-            metadata={"format": "pt"})
+  write_file(os.path.join(directory, "adapter_model.safetensors"),
+             peft_tensors(params, n_layers), metadata={"format": "pt"})
   config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank,
             "lora_alpha": spec.alpha, "lora_dropout": spec.dropout, "bias": "none",
             "target_modules": sorted(PEFT_MODULES[t].split(".")[-1] for t in spec.targets),

@@ -174,7 +174,32 @@ def write_file(path: str, tensors: Mapping[str, np.ndarray],
     # arrays (np.ascontiguousarray would turn a 0-d array into shape (1,)).
     out[name] = a if a.flags.c_contiguous else a.copy(order="C")
   safetensors.numpy.save_file(out, path, metadata=dict(metadata) if metadata else None)
+  chmod_as_umask(path)
   return sum(a.nbytes for a in out.values())
+
+
+def chmod_as_umask(path: str) -> int:
+  """Gives ``path`` the mode a file made with ``open(path, "w")`` gets: 0o666 less the
+  process's umask (0o644 under the usual 022).
+
+  ``safetensors`` writes its file through a private temporary file, mode 0o600, so
+  without this an exported model could be read by its owner alone (a shared cache, a
+  serving user, a container running as another uid).
+
+  Args:
+    path: an existing file.
+
+  Returns:
+    The mode set (permission bits, an int).
+
+  Raises:
+    OSError: ``path`` is missing or its mode cannot be changed.
+  """
+  umask = os.umask(0)  # the only way to read it; restored on the next line
+  os.umask(umask)
+  mode = 0o666 & ~umask
+  os.chmod(path, mode)
+  return mode
 
 
 def write_checkpoint(directory: str, tensors: Iterable[tuple[str, np.ndarray]],
