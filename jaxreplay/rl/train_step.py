@@ -245,10 +245,10 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
   ``jax.value_and_grad`` of ``objective`` over the whole minibatch; with n > 1 the R rows
   are split into n micro-batches (``micro_batches``) scanned with ``lax.scan``, so only one
   micro-batch's activations are live. Packed (``plan``, ``packing.plan_batch``'s S steps of
-  this minibatch): S = 1 is the whole minibatch's ``value_and_grad`` on its packed rows;
-  S > 1 scans the steps, step s running the forward pass on its packed rows and the loss
-  on the minibatch's rows with the loss mask cut to the sequences it packs (whole
-  sequences, so per-sequence terms see all their tokens). Either way each part's loss is
+  this minibatch): with n = 1 (S = 1) it is the whole minibatch's ``value_and_grad`` on its
+  packed rows; with n > 1 it scans the S ≤ n steps, step s running the forward pass on its
+  packed rows and the loss on the minibatch's rows with the loss mask cut to the sequences
+  it packs (whole sequences, so per-sequence terms see all their tokens). Either way each part's loss is
   divided by the whole minibatch's ``losses.aggregate_normaliser`` (``objective(
   normaliser=...)``) and the gradients are summed in float32, which is the whole
   minibatch's loss and gradient in every aggregation mode. With a value head the GAE
@@ -359,7 +359,9 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
     return sum_parts(trainable, plan, step_args, frozen)
 
   def grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None, frozen=None):
-    if plan is not None and plan.src.shape[0] > 1:
+    # Accumulating takes the value head's extra pass even when the plan has one step, as
+    # ``accounting.learner_forwards`` counts it.
+    if plan is not None and (n_micro > 1 or plan.src.shape[0] > 1):
       return packed_grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan, frozen)
     if plan is not None:
       return whole_grad(trainable, batch, w, stale, prox, ref, v_start,
