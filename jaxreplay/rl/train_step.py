@@ -248,10 +248,10 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
   this minibatch): with n = 1 (S = 1) it is the whole minibatch's ``value_and_grad`` on its
   packed rows; with n > 1 it scans the S ≤ n steps, step s running the forward pass on its
   packed rows and the loss on the minibatch's rows with the loss mask cut to the sequences
-  it packs (whole sequences, so per-sequence terms see all their tokens). Either way each part's loss is
-  divided by the whole minibatch's ``losses.aggregate_normaliser`` (``objective(
-  normaliser=...)``) and the gradients are summed in float32, which is the whole
-  minibatch's loss and gradient in every aggregation mode. With a value head the GAE
+  it packs (whole sequences, so per-sequence terms see all their tokens). Either way each
+  part's loss is divided by the whole minibatch's ``losses.aggregate_normaliser``
+  (``objective(normaliser=...)``) and the gradients are summed in float32, which is the
+  whole minibatch's loss and gradient in every aggregation mode. With a value head the GAE
   advantages, their whitening and the value-clip anchor need the whole minibatch: one
   gradient-free pass over the parts computes the values (and log-probs for a reward-mode
   KL) first.
@@ -409,8 +409,9 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     minibatch packed whole and split into S ≤ grad_accum_steps steps of R rows, leaves
     [num_minibatches, S, ...]; ``multiple`` the devices its rows split over); when it is
     None and the batch is concrete the step computes it on the host (a device to host copy
-    of the mask), inside another trace it runs at full width. Each (S, R) compiles once. ``train_step.lower`` lowers the jitted step. Without
-    ``pack_sequences`` it is the jitted step, always at full width.
+    of the mask), inside another trace it runs at full width. Each (S, R) compiles once.
+    ``train_step.lower`` lowers the jitted step. Without ``pack_sequences`` it is the
+    jitted step, always at full width.
 
   A policy that implements only ``__call__`` (no ``hidden`` / ``project_logits``) trains
   unpacked, with a one-line warning at build time (``fit_to_policy``).
