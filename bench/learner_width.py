@@ -135,7 +135,7 @@ def measure_learner(rows: int = 64, prompt_width: int = 96, max_new: int = 256,
     opt = make_optimizer(spec, 0)
     state = init_train_state(graphdef, jax.tree.map(lambda x: x.copy(), params), opt, spec)
     times[pack], _ = _time_steps(make_train_step(graphdef, opt, spec, 1.0), state, batch, reps)
-  plan = packing.plan_groups(np.asarray(batch.attention_mask))
+  plan = packing.plan_batch(np.asarray(batch.attention_mask))  # the packed step's plan
   return {"learner_padding": packing.padding_fraction(plan),
           "learner_step_vs_full": times[True] / times[False]}
 

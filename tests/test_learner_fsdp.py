@@ -193,7 +193,7 @@ def _loss_and_grads(mesh):
                   rewards=jnp.zeros(b), advantages=jnp.linspace(-1.0, 1.0, b),
                   group_id=jnp.arange(b, dtype=jnp.int32), policy_version=jnp.zeros(b, jnp.int32),
                   newest_version=jnp.zeros(b, jnp.int32), truncated=jnp.zeros(b, bool))
-  plan = jax.tree.map(lambda x: x[0], packing.plan_groups(attn, 1, ACC, multiple=8))
+  plan = jax.tree.map(lambda x: x[0], packing.plan_batch(attn, 1, ACC, multiple=8))
   grad_fn = train_step.make_grad_fn(graphdef, ALGO, 1.0)
   fn = jax.jit(lambda p, bt, pl: grad_fn(p, bt, jnp.ones(b), jnp.zeros(b, jnp.int32), None,
                                          None, None, pl))

@@ -116,14 +116,114 @@ def test_random_plans_place_every_real_token_once():
     assert plan.src.shape[0] == packing.bucket_rows(int(needed), b)
 
 
-def test_groups_follow_the_train_steps_micro_batches():
+def test_groups_follow_the_scoring_passes_micro_batches():
   rows = packing.group_rows(8, 2, 2)
   np.testing.assert_array_equal(rows, [[[0, 2], [1, 3]], [[4, 6], [5, 7]]])
-  x = jnp.arange(8)
-  np.testing.assert_array_equal(packing.to_groups(x, 2, 2), rows.reshape(4, 2))
-  np.testing.assert_array_equal(packing.from_groups(packing.to_groups(x, 2, 2), 2, 2), x)
-  mb = train_step.micro_batches(x[4:], 2)  # minibatch 1's micro-batches
+  mb = train_step.micro_batches(jnp.arange(8)[4:], 2)  # minibatch 1's passes
   np.testing.assert_array_equal(mb, rows[1])
+
+
+def test_batch_plan_by_hand():
+  mask = np.array([[1, 1, 1, 1, 1],   # 5 tokens: bin 0
+                   [0, 1, 1, 1, 0],   # 3: bin 2, with row 2
+                   [0, 0, 0, 1, 1],   # 2: after row 1 (4 + 2 > 5 in bin 1)
+                   [1, 1, 1, 1, 0]],  # 4: bin 1
+                  bool)
+  tokens = jnp.arange(1, 21, dtype=jnp.int32).reshape(4, 5)
+  # 2 micro-batches of 2 rows: 3 bins need 2 steps; bins 0, 1 are step 0, bin 2 step 1
+  plan = packing.plan_batch(mask, 1, 2)
+  assert plan.src.shape == (1, 2, 2, 5) and plan.dst.shape == (1, 2, 4, 5)
+  plan = jax.tree.map(lambda x: x[0], plan)
+  np.testing.assert_array_equal(packing.step_rows(plan), [[1, 0, 0, 1], [0, 1, 1, 0]])
+  packed = np.stack([np.asarray(packing.pack(tokens, jax.tree.map(lambda x: x[s], plan)))
+                     for s in range(2)])
+  np.testing.assert_array_equal(packed, [[[1, 2, 3, 4, 5], [16, 17, 18, 19, 1]],
+                                         [[7, 8, 9, 14, 15], [1, 1, 1, 1, 1]]])
+  np.testing.assert_array_equal(plan.segment_ids, [[[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]],
+                                                   [[1, 1, 1, 2, 2], [0, 0, 0, 0, 0]]])
+  assert packing.padding_fraction(plan) == 6 / 20  # empty slots of 2 steps × 2 rows × 5
+  # each step unpacks its own rows; merged, every predicted column comes back once
+  out = jax.vmap(lambda p, x: packing.unpack(packing.pack(tokens, p), p, fill=0))(plan, packed)
+  np.testing.assert_array_equal(packing.merge_steps(out, plan),
+                                np.where(mask & (np.cumsum(mask, 1) > 1), tokens, 0))
+  # one micro-batch: the same bins in 3 rows of one step
+  one = packing.plan_batch(mask)
+  assert one.src.shape == (1, 1, 3, 5) and packing.padding_fraction(one) == 1 / 15
+
+
+def test_random_batch_plans_pack_whole_sequences_once_in_one_step():
+  rng = np.random.default_rng(0)
+  for _ in range(40):
+    n_mb, n_acc, multiple = rng.choice([1, 2]), rng.choice([1, 2, 4]), rng.choice([1, 2, 4])
+    b, t = n_mb * n_acc * rng.integers(1, 5), rng.integers(1, 20)
+    mask = rng.random((b, t)) < rng.random()
+    plan = packing.plan_batch(mask, n_mb, n_acc, multiple)
+    _, steps, rows, _ = plan.src.shape
+    assert steps <= n_acc and rows % multiple == 0
+    assert rows <= packing.round_up(b // (n_mb * n_acc), multiple)
+    for m, mb in enumerate(mask.reshape(n_mb, -1, t)):
+      src, seg = np.asarray(plan.src[m]), np.asarray(plan.segment_ids[m])
+      # every real token once, over the steps
+      assert sorted(src[seg > 0].tolist()) == np.flatnonzero(mb.reshape(-1)).tolist()
+      # a sequence's tokens in one step and one packed row
+      step_of = np.repeat(np.arange(steps), rows * t).reshape(steps, rows, t)
+      row_of = np.broadcast_to(np.arange(rows)[:, None], (steps, rows, t))
+      for i in range(mb.shape[0]):
+        mine = (seg > 0) & (src // t == i)
+        assert len(set(zip(step_of[mine], row_of[mine]))) == (1 if mb[i].any() else 0)
+      # each step's dst finds its tokens; its keep marks exactly its sequences
+      in_step = np.asarray(packing.step_rows(jax.tree.map(lambda x: x[m], plan)))
+      predicted = mb & (np.cumsum(mb, 1) > 1)
+      np.testing.assert_array_equal(in_step.sum(0), predicted.any(1))
+      for s_ in range(steps):
+        flat = np.arange(mb.size)[src[s_]].reshape(-1)
+        keep = np.asarray(plan.keep[m, s_])
+        np.testing.assert_array_equal(keep, predicted & in_step[s_][:, None])
+        np.testing.assert_array_equal(flat[np.asarray(plan.dst[m, s_])[keep]],
+                                      np.flatnonzero(keep.reshape(-1)))
+    if n_acc == 1:  # the one-micro-batch plan, leaf for leaf
+      jax.tree.map(np.testing.assert_array_equal, plan,
+                   packing.plan_groups(mask, n_mb, 1, multiple=multiple))
+
+
+def test_step_shape_by_hand():
+  assert packing.step_shape(25, 8) == (4, 7)  # 4 steps of ⌈25/4⌉ rows
+  assert packing.step_shape(25, 8, 8) == (4, 8)  # rows a multiple of the devices
+  assert packing.step_shape(7, 8) == (1, 7)  # one step: the one-micro-batch rows
+  assert packing.step_shape(0, 8) == (1, 1)
+  assert packing.step_shape(97, 32, 8) == (4, 32)  # ⌈97/4⌉ = 25, rounded up to 32
+  with pytest.raises(ValueError, match="budget=12 must be a positive multiple of 8"):
+    packing.step_shape(5, 12, 8)
+
+
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_accumulation_keeps_the_one_micro_batch_padding(multiple):
+  """The learner's plan at 8 micro-batches (the 7B preset's 64 × (384 + 1024) batch,
+  bench/compiled_invariants.py's lognormal lengths) pads as the one-micro-batch plan does:
+  its S steps hold R rows each, R = ⌈needed / S⌉ (rows below 16 are not bucketed), so at
+  most S − 1 empty rows more, (S − 1)/(S·R) of the slots; with R a multiple of 8 devices
+  and 8 rows a step, no more rows than the one-micro-batch plan's (both are the needed
+  rows rounded up to 8)."""
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
+  from compiled_invariants import lognormal_mask
+  graphdef = nnx.split(Transformer(CFG, nnx.Rngs(0)), nnx.Param)[0]
+
+  def plan_fn(n_acc):
+    spec = AlgoSpec.from_config(dict(grad_accum_steps=n_acc, pack_sequences=True))
+    return train_step.make_train_step(graphdef, train_step.scheduled_adamw(1e-3, 0, 1.0),
+                                      spec, 1.0).plan_batch
+
+  one, accumulated = plan_fn(1), plan_fn(8)
+  for seed in range(4):
+    mask = lognormal_mask(64, 384, 1024, seed)
+    p1, p8 = one(mask, multiple=multiple), accumulated(mask, multiple=multiple)
+    steps, rows = p8.src.shape[1:3]
+    bound = 0.0 if multiple == 8 else (steps - 1) / (steps * rows)
+    assert packing.padding_fraction(p8) <= packing.padding_fraction(p1) + bound, seed
+    assert packing.padding_fraction(p8) < 0.26, seed
+    assert steps < 8, seed  # fewer steps than micro-batches: the batch is mostly short
 
 
 @pytest.mark.numerics
@@ -195,38 +295,47 @@ def _algo(loss, **kw):
 
 @pytest.mark.slow  # the packed and full-width gradients of every loss: the file's longest compile
 @pytest.mark.numerics
-def test_packed_gradient_equals_full_width_for_every_loss(setup, logp_atol):
+@pytest.mark.parametrize("n_acc, aggregation", [(1, "token_mean"), (4, "seq_mean_token_mean")])
+def test_packed_gradient_equals_full_width_for_every_loss(setup, logp_atol, n_acc, aggregation):
+  """With 4 micro-batches the plan packs the 8 sequences in 3 steps of 2 rows, each step's
+  loss divided by the whole batch's normaliser: the sum is the whole batch's loss and
+  gradient, GSPO's sequence ratio and the sequence means included."""
   graphdef, params, batch = setup
   stale = jnp.arange(B, dtype=jnp.int32) % 3
   weights = jnp.linspace(0.5, 1.5, B)
   prox = batch.behaviour_logprobs * 0.9
-  plan = jax.tree.map(lambda x: x[0], packing.plan_groups(np.asarray(batch.attention_mask)))
-  make_fns = lambda: [train_step.make_grad_fn(graphdef, _algo(name), 1.0)  # noqa: E731
-                      for name in losses.POLICY_LOSSES]
-  fns = make_fns()
+  plan = jax.tree.map(lambda x: x[0], packing.plan_batch(np.asarray(batch.attention_mask), 1,
+                                                         n_acc))
+  assert plan.src.shape[:2] == ((1, 6) if n_acc == 1 else (3, 2))  # (S, R)
+  make_fns = lambda n: [train_step.make_grad_fn(  # noqa: E731
+      graphdef, _algo(name, aggregation=aggregation, grad_accum_steps=n), 1.0)
+      for name in losses.POLICY_LOSSES]
+  fns, packed_fns = make_fns(1), make_fns(n_acc)
 
-  def all_losses(p, plan):
+  def all_losses(fns, p, plan):
     return [f(p, batch, weights, stale, prox, None, None, plan) for f in fns]
 
-  full = jax.jit(all_losses)(params, None)
-  packed = jax.jit(all_losses)(params, plan)
+  full = jax.jit(lambda p: all_losses(fns, p, None))(params)
+  packed = jax.jit(lambda p, pl: all_losses(packed_fns, p, pl))(params, plan)
   with abs_terms():
-    abs_fns = make_fns()
+    abs_fns = make_fns(1)
     abs_full = jax.jit(lambda p: [f(p, batch, weights, stale, prox, None, None)[0][0]
                                   for f in abs_fns])(params)
+  # the S parts' losses and gradients add S - 1 <= n_acc terms to each sum
+  n_tok, n_grad = N_TOK + n_acc - 1, N_GRAD + n_acc - 1
   for name, ((l_f, m_f), g_f), ((l_p, m_p), g_p), abs_loss in zip(
       losses.POLICY_LOSSES, full, packed, abs_full):
     assert abs(float(l_f)) > 1e-4, name
-    # each term moves by its size × logp_atol, then N_TOK are summed: scale Σ|term|
+    # each term moves by its size × logp_atol, then n_tok are summed: scale Σ|term|
     np.testing.assert_allclose(float(l_p), float(l_f), rtol=0, err_msg=name,
-                               atol=float(abs_loss) * (logp_atol + reorder_tol(N_TOK)))
+                               atol=float(abs_loss) * (logp_atol + reorder_tol(n_tok)))
     # each token's entropy within logp_atol, then a mean of same-signed terms
     np.testing.assert_allclose(float(m_p["entropy"]), float(m_f["entropy"]),
-                               rtol=reorder_tol(N_TOK), atol=logp_atol, err_msg=name)
+                               rtol=reorder_tol(n_tok), atol=logp_atol, err_msg=name)
     g_max = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g_f))
     # entries near 0 are sums of per-position terms up to about the largest entry's size
     jax.tree.map(lambda a, b: np.testing.assert_allclose(
-        a, b, rtol=reorder_tol(N_GRAD), atol=reorder_tol(N_GRAD, scale=g_max), err_msg=name),
+        a, b, rtol=reorder_tol(n_grad), atol=reorder_tol(n_grad, scale=g_max), err_msg=name),
         g_p, g_f)
 
 

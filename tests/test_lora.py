@@ -165,7 +165,7 @@ def test_packed_and_accumulated_gradients_of_adapters_equal_the_whole_batchs():
   algo = dict(staleness_buckets=(0,), entropy_coef=0.01)
   (l1, _), g1 = train_step.make_grad_fn(g2, algo, 1.0)(ad, *args, frozen=frozen)
   plan = jax.tree.map(lambda x: jnp.asarray(x[0]),
-                      packing.plan_groups(np.asarray(b.attention_mask), 1, 2))
+                      packing.plan_batch(np.asarray(b.attention_mask), 1, 2))
   (l2, _), g2_ = train_step.make_grad_fn(g2, {**algo, "grad_accum_steps": 2}, 1.0)(
       ad, *args, plan, frozen=frozen)
   # packing and micro-batches reorder the forward chain, its backward run and the B·T

@@ -13,10 +13,12 @@ The plan is computed on the host (numpy): R is a static shape, rounded up to a b
 (``bucket_rows``) so a run compiles a few shapes, not one per batch. ``pack`` and
 ``unpack`` are traceable gathers; gradients flow through ``unpack`` (a scatter-add).
 
-A learner batch is packed in groups: the train step's minibatch m is rows
-[m·B/n_mb, (m+1)·B/n_mb) and its micro-batch k the rows k, k + n_acc, ... of that
-minibatch (``scoring.micro_batches``); ``plan_groups`` packs each of the n_mb · n_acc
-groups separately, at one common R, so each forward pass packs exactly its own rows.
+The learner's batch is planned whole (``plan_batch``): each minibatch's sequences are
+packed together, first-fit-decreasing, and the packed rows are split into S accumulation
+steps of R rows each, with R at most the rows a micro-batch holds unpacked. A step holds
+whole sequences, so its padding is the one-micro-batch plan's up to the rounding of R;
+the gradient-free scoring passes, which take fixed rows at a time, pack each pass's rows
+(``plan_groups``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import numpy as np
 class PackPlan:
   """Where each real token of a [Bg, T] group goes in its packed [R, W] rows.
 
-  Leaves may carry leading group axes (``plan_groups``: [n_mb, n_acc, ...]).
+  A plan may pack only some of the group's sequences (one accumulation step of
+  ``plan_batch``): ``dst`` and ``keep`` then cover those alone. Leaves may carry leading
+  axes (``plan_batch``: [n_mb, S, ...]; ``plan_groups``: [n_mb, n_acc, ...]).
 
   Attributes:
     src: [R, W] int32, the flat index (row · T + column) in the group of the token each
@@ -39,10 +43,11 @@ class PackPlan:
     segment_ids: [R, W] int32, 1 + the sequence's rank within its packed row; 0 on empty
       slots.
     positions: [R, W] int32, the token's position within its sequence (0 on empty slots).
-    dst: [Bg, T] int32, the flat index (packed row · W + slot) of each real token; 0 on
-      padding.
-    keep: [Bg, T] bool, real tokens that have a predecessor in their sequence: the columns
-      whose next-token outputs ``unpack`` returns (the others get its ``fill``).
+    dst: [Bg, T] int32, the flat index (packed row · W + slot) of each real token the plan
+      packs; 0 elsewhere.
+    keep: [Bg, T] bool, real tokens the plan packs that have a predecessor in their
+      sequence: the columns whose next-token outputs ``unpack`` returns (the others get its
+      ``fill``).
   """
 
   src: jax.Array
@@ -111,6 +116,53 @@ def first_fit_decreasing(lengths: np.ndarray, width: int) -> np.ndarray:
   return out
 
 
+def place_bins(mask_bt: np.ndarray, bins: np.ndarray, steps: int, rows: int) -> PackPlan:
+  """The plans of ``steps`` packing steps of ``rows`` rows: bin j is row j mod R of step j // R.
+
+  Each sequence's real tokens are placed, in order, into its bin; a bin's sequences follow
+  one another in row order (deterministic given the mask and the bins).
+
+  Args:
+    mask_bt: [Bg, T] bool, True on real tokens. bins: [Bg] int, each row's bin
+      (``first_fit_decreasing`` of its length; -1 for a row without real tokens), every
+      bin's lengths summing to at most T. steps: S ≥ 1. rows: R ≥ 1.
+
+  Returns:
+    PackPlan of numpy arrays with a leading [S] axis: src, segment_ids, positions
+    [S, R, T]; dst, keep [S, Bg, T], ``keep`` True only on the tokens of that step's rows.
+
+  Raises:
+    ValueError: a bin ≥ S · R.
+  """
+  b, t = mask_bt.shape
+  bins = np.asarray(bins, np.int64)
+  if b and bins.max() >= steps * rows:
+    raise ValueError(f"bin {bins.max()} does not fit {steps} steps of {rows} rows")
+  lengths = mask_bt.sum(1)
+  src = np.zeros((steps, rows, t), np.int32)
+  seg = np.zeros((steps, rows, t), np.int32)
+  pos = np.zeros((steps, rows, t), np.int32)
+  dst = np.zeros((steps, b, t), np.int32)
+  keep = np.zeros((steps, b, t), bool)
+  predicted = mask_bt & (np.cumsum(mask_bt, 1) > 1)
+  fill = np.zeros((steps, rows), np.int64)
+  count = np.zeros((steps, rows), np.int32)
+  for i in range(b):
+    if bins[i] < 0:
+      continue
+    s, r = divmod(int(bins[i]), rows)
+    n, o = lengths[i], fill[s, r]
+    cols = np.flatnonzero(mask_bt[i])
+    count[s, r] += 1
+    src[s, r, o:o + n] = i * t + cols
+    seg[s, r, o:o + n] = count[s, r]
+    pos[s, r, o:o + n] = np.arange(n)
+    dst[s, i, cols] = r * t + o + np.arange(n)
+    keep[s, i] = predicted[i]
+    fill[s, r] += n
+  return PackPlan(src=src, segment_ids=seg, positions=pos, dst=dst, keep=keep)
+
+
 def plan_packing(mask_bt: np.ndarray, rows: int | None = None) -> PackPlan:
   """The packing plan of one group (host numpy): its real tokens in ``rows`` rows of width T.
 
@@ -130,37 +182,137 @@ def plan_packing(mask_bt: np.ndarray, rows: int | None = None) -> PackPlan:
   if mask_bt.ndim != 2:
     raise ValueError(f"mask must be [B, T]; got shape {mask_bt.shape}")
   b, t = mask_bt.shape
-  lengths = mask_bt.sum(1)
-  bins = first_fit_decreasing(lengths, t)
+  bins = first_fit_decreasing(mask_bt.sum(1), t)
   needed = int(bins.max()) + 1 if b else 0
   if rows is None:
     rows = bucket_rows(needed, max(b, 1))
   if rows < needed:
     raise ValueError(f"rows={rows} is fewer than the {needed} packed rows the batch needs")
-  src = np.zeros((rows, t), np.int32)
-  seg = np.zeros((rows, t), np.int32)
-  pos = np.zeros((rows, t), np.int32)
-  dst = np.zeros((b, t), np.int32)
-  fill = np.zeros(rows, np.int64)
-  count = np.zeros(rows, np.int32)
-  for i in range(b):  # in row order within a bin: deterministic given the mask
-    r, n = bins[i], lengths[i]
-    if r < 0:
-      continue
-    cols = np.flatnonzero(mask_bt[i])
-    o = fill[r]
-    count[r] += 1
-    src[r, o:o + n] = i * t + cols
-    seg[r, o:o + n] = count[r]
-    pos[r, o:o + n] = np.arange(n)
-    dst[i, cols] = r * t + o + np.arange(n)
-    fill[r] += n
-  keep = mask_bt & (np.cumsum(mask_bt, 1) > 1)
-  return PackPlan(src=src, segment_ids=seg, positions=pos, dst=dst, keep=keep)
+  return jax.tree.map(lambda x: x[0], place_bins(mask_bt, bins, 1, rows))
+
+
+def round_up(n: int, multiple: int) -> int:
+  """The least multiple of ``multiple`` (≥ 1) that is ≥ ``n``."""
+  return -(-n // multiple) * multiple
+
+
+def step_shape(needed: int, budget: int, multiple: int = 1) -> tuple[int, int]:
+  """(S, R): the accumulation steps and packed rows per step for ``needed`` packed rows.
+
+  S = ⌈needed / budget⌉ (at least 1) is the fewest steps of at most ``budget`` rows; R is
+  ``bucket_rows`` of ⌈needed / S⌉ (capped at ``budget``), rounded up to a multiple of
+  ``multiple``. So S · R ≥ needed, R ≤ budget, and S · R < needed + S · (⌈needed / S⌉ / 8
+  + multiple) (``bucket_rows`` adds at most an eighth; the rounding under ``multiple``).
+  With S = 1 R is at most the one-micro-batch plan's row count, and equal to it when
+  ``budget`` is at least the minibatch's rows.
+
+  Args:
+    needed: ≥ 0 rows (first-fit-decreasing bins). budget: ≥ 1 rows a step may hold, a
+      multiple of ``multiple``. multiple: ≥ 1 (the devices a step's rows split over).
+
+  Returns:
+    (S, R) ints ≥ 1.
+
+  Raises:
+    ValueError: ``budget`` < 1 or not a multiple of ``multiple``.
+  """
+  needed, budget, multiple = int(needed), int(budget), int(multiple)
+  if budget < 1 or budget % multiple:
+    raise ValueError(f"budget={budget} must be a positive multiple of {multiple}")
+  steps = max(1, -(-needed // budget))
+  return steps, round_up(bucket_rows(-(-needed // steps), budget), multiple)
+
+
+def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: int = 1,
+               multiple: int = 1) -> PackPlan:
+  """The learner batch's packing plan: each minibatch packed whole, split into S steps.
+
+  Minibatch m is rows [m·B/n_mb, (m+1)·B/n_mb), as the train step takes them. Its
+  sequences are packed first-fit-decreasing into bins of width T, and the bins split into
+  S accumulation steps of R rows (``step_shape``; S and R common to the minibatches, from
+  the largest bin count): bin j is row j mod R of step j // R. A step's budget is the rows
+  a micro-batch holds unpacked, B / (n_mb · n_acc) rounded up to ``multiple``, so a step
+  never holds more tokens than an unpacked micro-batch, and S ≤ n_acc.
+
+  What the plan guarantees:
+    * every real token of the batch is packed once, in exactly one step of its minibatch,
+      and a sequence's tokens are all in one step and one packed row: a step holds whole
+      sequences. This is what the per-sequence terms need: the sequence-mean aggregations
+      (``losses.aggregate``'s ``seq_mean_token_mean``, GRPO, Shao et al. 2024, arXiv
+      2402.03300 eq. 3) and GSPO's sequence ratio s_i = exp((1/|y_i|) Σ_t log π/μ)
+      (Zheng et al. 2025, arXiv 2507.18071 §4.1) read all of a sequence's tokens at once.
+      The normaliser stays a statistic of the whole minibatch (``losses.
+      aggregate_normaliser``), passed to each step; the steps' losses then sum to the
+      minibatch's in every aggregation mode.
+    * with n_acc = 1 (S = 1) the plan is the one-micro-batch plan (``plan_groups(mask,
+      n_mb, 1, multiple=multiple)``, the same bins, rows and slots); with n_acc > 1, S = 1
+      whenever the minibatch fits one step's budget, and its R is then at most that plan's.
+    * padding: S · R rows hold what the one-micro-batch plan's R₁ rows hold, with S · R <
+      needed + S · (⌈needed / S⌉ / 8 + multiple) and R₁ ≥ needed (``step_shape``).
+    * static shapes: S ≤ n_acc and R takes ``bucket_rows`` values, so a run compiles a
+      bounded number of (S, R) shapes; R is a multiple of ``multiple``, so every step's
+      rows split evenly over the batch devices (``sharding.place_rows``).
+
+  Args:
+    mask_bt: [B, T] bool attention mask of the whole batch. num_minibatches: n_mb ≥ 1.
+    grad_accum_steps: n_acc ≥ 1; n_mb · n_acc divides B. multiple: ≥ 1.
+
+  Returns:
+    PackPlan of numpy arrays with leading axes [n_mb, S]: src, segment_ids, positions
+    [n_mb, S, R, T]; dst, keep [n_mb, S, B/n_mb, T] (a step's ``dst`` and ``keep`` cover
+    its own sequences; ``merge_steps`` joins the steps' outputs).
+
+  Raises:
+    ValueError: ``mask_bt`` not 2-D; n_mb · n_acc does not divide B.
+  """
+  mask_bt = np.asarray(mask_bt, bool)
+  if mask_bt.ndim != 2:
+    raise ValueError(f"mask must be [B, T]; got shape {mask_bt.shape}")
+  b, t = mask_bt.shape
+  if b % (num_minibatches * grad_accum_steps):
+    raise ValueError(f"batch of {b} rows does not split into {num_minibatches} "
+                     f"minibatches of {grad_accum_steps} micro-batches")
+  minibatches = mask_bt.reshape(num_minibatches, b // num_minibatches, t)
+  bins = [first_fit_decreasing(m.sum(1), t) for m in minibatches]
+  needed = max(int(x.max()) + 1 if x.size else 0 for x in bins)
+  budget = round_up(max(b // (num_minibatches * grad_accum_steps), 1), multiple)
+  steps, rows = step_shape(needed, budget, multiple)
+  plans = [place_bins(m, x, steps, rows) for m, x in zip(minibatches, bins)]
+  return jax.tree.map(lambda *xs: np.stack(xs), *plans)
+
+
+def step_rows(plan: PackPlan) -> jax.Array:
+  """[..., Bg] bool: the rows whose sequences a step's plan packs (any leading axes).
+
+  A row counts when it has a token with a predecessor in the step (``keep``): a sequence
+  of one real token has no next-token output to train on, in any step.
+  """
+  return plan.keep.any(-1)
+
+
+def merge_steps(tree, plan: PackPlan):
+  """The steps' unpacked outputs joined: each token's value from the step that packs it.
+
+  Traceable; None leaves pass through.
+
+  Args:
+    tree: pytree of [S, Bg, T, ...] arrays, step s's outputs (``unpack`` with ``plan``'s
+      step s). plan: PackPlan with leaves [S, ...] (``plan_batch``'s plans of one
+      minibatch).
+
+  Returns:
+    The pytree with leaves [Bg, T, ...]: at each ``keep`` column the value of the one step
+    that packs it, 0 elsewhere (where ``unpack``'s default fill puts 0).
+  """
+  def merge(x):
+    keep = plan.keep.reshape(plan.keep.shape + (1,) * (x.ndim - 3))
+    return jnp.where(keep, x, jnp.zeros((), x.dtype)).sum(0)
+  return jax.tree.map(merge, tree)
 
 
 def group_rows(batch_size: int, num_minibatches: int, grad_accum_steps: int) -> np.ndarray:
-  """Row indices of each packing group, as the train step forms its micro-batches.
+  """Row indices of each packing group of ``plan_groups``: minibatch m's rows split as
+  ``scoring.micro_batches`` splits them.
 
   Args:
     batch_size: B. num_minibatches: n_mb ≥ 1. grad_accum_steps: n_acc ≥ 1; n_mb · n_acc
@@ -183,6 +335,9 @@ def plan_groups(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps:
                 rows: int | None = None, multiple: int = 1) -> PackPlan:
   """Packing plans of every group of the batch (``group_rows``), at one common R.
 
+  Each group is packed on its own: for passes that take fixed rows at a time (the
+  gradient-free scoring of ``scoring.plan_rows``). The learner plans with ``plan_batch``.
+
   Args:
     mask_bt: [B, T] bool attention mask of the whole batch. num_minibatches,
       grad_accum_steps: as ``group_rows``. rows: R, or None for ``bucket_rows`` of the
@@ -202,31 +357,9 @@ def plan_groups(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps:
   if rows is None:
     t = mask_bt.shape[1]
     needed = max(int(first_fit_decreasing(g.sum(1), t).max()) + 1 for g in groups)
-    rows = bucket_rows(needed, idx.shape[-1])
-    rows = -(-rows // multiple) * multiple
+    rows = round_up(bucket_rows(needed, idx.shape[-1]), multiple)
   plans = [plan_packing(g, rows) for g in groups]
   return jax.tree.map(lambda *xs: np.stack(xs).reshape(*idx.shape[:2], *xs[0].shape), *plans)
-
-
-def to_groups(tree, num_minibatches: int, grad_accum_steps: int):
-  """Leaves [B, ...] -> [n_mb · n_acc, B/(n_mb·n_acc), ...], the groups of ``group_rows``.
-
-  Traceable; None leaves pass through. ``from_groups`` inverts.
-  """
-  def split(x):
-    b = x.shape[0]
-    x = x.reshape(num_minibatches, b // (num_minibatches * grad_accum_steps),
-                  grad_accum_steps, *x.shape[1:]).swapaxes(1, 2)
-    return x.reshape(num_minibatches * grad_accum_steps, -1, *x.shape[3:])
-  return jax.tree.map(split, tree)
-
-
-def from_groups(tree, num_minibatches: int, grad_accum_steps: int):
-  """Inverse of ``to_groups``: leaves [n_mb · n_acc, Bg, ...] -> [B, ...] in row order."""
-  def merge(x):
-    x = x.reshape(num_minibatches, grad_accum_steps, *x.shape[1:]).swapaxes(1, 2)
-    return x.reshape(-1, *x.shape[3:])
-  return jax.tree.map(merge, tree)
 
 
 def pack(x_bt: jax.Array, plan: PackPlan) -> jax.Array:

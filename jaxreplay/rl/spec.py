@@ -66,13 +66,15 @@ class AlgoSpec(Spec):
     grad_accum_steps: ≥ 1 micro-batches per minibatch whose gradients are summed inside
       the jitted step before one optimizer step; every aggregation divides by the whole
       minibatch's normaliser, so the gradient equals the unsplit minibatch's (only the
-      activation memory shrinks, by this factor).
+      activation memory shrinks, by this factor). Packed, a micro-batch is a budget of
+      rows: the minibatch's packed rows run in as few steps of at most that many rows.
     logprob_chunk: ≥ 0 sequence positions per chunk of the learner's log-prob/entropy over
       the vocabulary (``scoring``): the [B, T, V] float32 logits never exist at once, only
       [B, chunk, V], recomputed in the backward pass; 0 = off (the whole [B, T, V]).
     pack_sequences: the learner's forward passes run on packed rows (``packing``: each
-      micro-batch's real tokens end to end in as few full-width rows as fit, bucketed),
-      not on the [B, T] padded layout; the same loss and gradient up to float rounding.
+      minibatch's real tokens end to end in as few full-width rows as fit, bucketed, then
+      split into accumulation steps of whole sequences), not on the [B, T] padded layout;
+      the same loss and gradient up to float rounding.
     lr: peak learning rate > 0.
     warmup_steps: ≥ 0 optimizer steps of linear warmup.
     lr_schedule: one of ``SCHEDULES``.

@@ -239,16 +239,22 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
   frozen=None) -> ((loss, metrics), grads)``, traceable (the caller jits). ``trainable`` is
   the policy's parameters, or ``(params, value_params)`` with a value head; with LoRA its
   params are the adapters and ``frozen`` the rest of the policy (``models.lora.split_adapters``),
-  which gets no gradient. With
-  ``algo.grad_accum_steps = 1`` it is ``jax.value_and_grad`` of ``objective`` over the
-  whole minibatch. With n > 1 the R rows
+  which gets no gradient.
+
+  Full width (``plan`` None): with ``algo.grad_accum_steps = 1`` it is
+  ``jax.value_and_grad`` of ``objective`` over the whole minibatch; with n > 1 the R rows
   are split into n micro-batches (``micro_batches``) scanned with ``lax.scan``, so only one
-  micro-batch's activations are live; each micro-batch's loss is divided by the whole
-  minibatch's ``losses.aggregate_normaliser`` (``objective(normaliser=...)``) and the
-  gradients are summed in float32, which is the whole minibatch's loss and gradient in
-  every aggregation mode. With a value head the GAE advantages, their whitening and the
-  value-clip anchor need the whole minibatch: one gradient-free pass over the
-  micro-batches computes the values (and log-probs for a reward-mode KL) first.
+  micro-batch's activations are live. Packed (``plan``, ``packing.plan_batch``'s S steps of
+  this minibatch): with n = 1 (S = 1) it is the whole minibatch's ``value_and_grad`` on its
+  packed rows; with n > 1 it scans the S ≤ n steps, step s running the forward pass on its
+  packed rows and the loss on the minibatch's rows with the loss mask cut to the sequences
+  it packs (whole sequences, so per-sequence terms see all their tokens). Either way each
+  part's loss is divided by the whole minibatch's ``losses.aggregate_normaliser``
+  (``objective(normaliser=...)``) and the gradients are summed in float32, which is the
+  whole minibatch's loss and gradient in every aggregation mode. With a value head the GAE
+  advantages, their whitening and the value-clip anchor need the whole minibatch: one
+  gradient-free pass over the parts computes the values (and log-probs for a reward-mode
+  KL) first.
 
   Args:
     graphdef: the policy graph (static). algo: ``AlgoSpec`` or a mapping of ``algo``.
@@ -257,16 +263,15 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
   Returns:
     grad_fn. Its arguments: batch a Rollout of R rows; weights [R] float32;
     staleness [R] int32; prox, ref, v_start [R, T] float32 or None (the proximal,
-    reference log-probs and start values, held constant); plan None (full width) or the
-    ``packing.PackPlan`` of each micro-batch, leaves with a leading [grad_accum_steps]
-    axis (``packing.plan_groups``' plans of this minibatch): the forward passes run
-    packed. It returns the float32 scalar loss, the ``objective`` metrics (token means
-    over the whole minibatch, ``loss`` and ``pg_loss`` its aggregates; see
-    ``diagnostics.combine_updates`` for the rest) and the gradient, a pytree like
-    ``trainable`` in its dtypes.
+    reference log-probs and start values, held constant); plan None (full width) or a
+    ``packing.PackPlan`` of these R rows with leaves [S, ...] (``packing.plan_batch``'s
+    plans of this minibatch): the forward passes run packed. It returns the float32 scalar
+    loss, the ``objective`` metrics (token means over the whole minibatch, ``loss`` and
+    ``pg_loss`` its aggregates; see ``diagnostics.combine_updates`` for the rest) and the
+    gradient, a pytree like ``trainable`` in its dtypes.
 
   Raises:
-    ValueError: invalid ``algo``; at trace time R not divisible by
+    ValueError: invalid ``algo``; at trace time (full width) R not divisible by
       ``algo.grad_accum_steps``.
   """
   spec = AlgoSpec.from_config(algo)
@@ -289,14 +294,7 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
                      prox_logp_bt=prox, ref_logp_bt=ref, values_bt=values,
                      start_values_bt=v_start)
 
-  if n_micro == 1:
-    value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
-
-    def whole_grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None, frozen=None):
-      plan = None if plan is None else jax.tree.map(lambda x: x[0], plan)
-      return value_and_grad(trainable, batch, w, stale, prox, ref, v_start, plan, frozen)
-
-    return whole_grad_fn
+  whole_grad = jax.value_and_grad(loss_fn, has_aux=True)
 
   def micro_loss(trainable, batch, w, stale, prox, ref, v_start, adv, returns, norm, plan,
                  frozen):
@@ -306,31 +304,71 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
                      prox_logp_bt=prox, ref_logp_bt=ref, values_bt=values,
                      start_values_bt=v_start, normaliser=norm)
 
-  def grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None, frozen=None):
-    mask = losses.loss_mask(batch.completion_mask, batch.truncated, spec.mask_truncated)
-    norm = losses.aggregate_normaliser(mask, spec.aggregation)
-    adv = returns = None
-    if spec.uses_value_head:
-      params, value_params = split_trainable(sg(trainable), frozen)
-      logp0, _, values0 = merge_micro_batches(jax.lax.map(
-          lambda a: forward(params, value_params, *a), (micro_batches(batch, n_micro), plan)))
-      v_start = values0 if v_start is None else v_start
-      adv, returns = gae_advantages(spec, batch, v_start, logp_bt=logp0, ref_logp_bt=ref)
-    xs = (micro_batches((batch, w, stale, prox, ref, v_start, adv, returns), n_micro), plan)
+  def start_advantages(trainable, batch, ref, v_start, frozen, passes):
+    """(v_start, adv, returns) of the whole minibatch; ``passes(fn)`` runs the
+    gradient-free ``fn(params, value_params, part)`` over the parts and joins them."""
+    if not spec.uses_value_head:
+      return v_start, None, None
+    params, value_params = split_trainable(sg(trainable), frozen)
+    logp0, _, values0 = passes(lambda part: forward(params, value_params, *part))
+    v_start = values0 if v_start is None else v_start
+    adv, returns = gae_advantages(spec, batch, v_start, logp_bt=logp0, ref_logp_bt=ref)
+    return v_start, adv, returns
 
+  def sum_parts(trainable, xs, part_args, frozen):
+    """Scans ``xs`` (leading axis: the parts), part x's loss taking ``micro_loss``'s
+    arguments ``part_args(x)`` (``batch`` to ``plan``); sums the float32 gradients and
+    combines the metrics."""
     def accumulate(g_sum, x):
-      (loss, metrics), g = jax.value_and_grad(micro_loss, has_aux=True)(trainable, *x[0], norm,
-                                                                         x[1], frozen)
+      (loss, metrics), g = jax.value_and_grad(micro_loss, has_aux=True)(
+          trainable, *part_args(x), frozen)
       return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g), (loss, metrics)
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
     g_sum, (loss_k, metrics_k) = jax.lax.scan(accumulate, zeros, xs)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), g_sum, trainable)
-    # Micro-batches are disjoint parts evaluated at the same parameters: token means
+    # Parts are disjoint sets of loss tokens evaluated at the same parameters: token means
     # combine by token counts, exactly as minibatches of one epoch do.
-    metrics = diagnostics.combine_updates(metrics_k, 1, jnp.ones((n_micro,), jnp.float32))
+    metrics = diagnostics.combine_updates(metrics_k, 1, jnp.ones(loss_k.shape, jnp.float32))
     metrics.update(loss=loss_k.sum(), pg_loss=metrics_k["pg_loss"].sum())
     return (loss_k.sum(), metrics), grads
+
+  def minibatch_normaliser(batch):
+    mask = losses.loss_mask(batch.completion_mask, batch.truncated, spec.mask_truncated)
+    return losses.aggregate_normaliser(mask, spec.aggregation)
+
+  def strided_grad_fn(trainable, batch, w, stale, prox, ref, v_start, frozen):
+    v_start, adv, returns = start_advantages(
+        trainable, batch, ref, v_start, frozen, lambda fn: merge_micro_batches(jax.lax.map(
+            lambda mb: fn((mb, None)), micro_batches(batch, n_micro))))
+    norm = minibatch_normaliser(batch)
+    xs = micro_batches((batch, w, stale, prox, ref, v_start, adv, returns), n_micro)
+    return sum_parts(trainable, xs, lambda x: (*x, norm, None), frozen)
+
+  def packed_grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan, frozen):
+    v_start, adv, returns = start_advantages(
+        trainable, batch, ref, v_start, frozen, lambda fn: packing.merge_steps(jax.lax.map(
+            lambda p: fn((batch, p)), plan), plan))
+    norm = minibatch_normaliser(batch)
+
+    def step_args(plan_s):  # the loss tokens of the sequences step s packs, all of each
+      rows = batch.replace(
+          completion_mask=batch.completion_mask & packing.step_rows(plan_s)[:, None])
+      return rows, w, stale, prox, ref, v_start, adv, returns, norm, plan_s
+
+    return sum_parts(trainable, plan, step_args, frozen)
+
+  def grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None, frozen=None):
+    # Accumulating takes the value head's extra pass even when the plan has one step, as
+    # ``accounting.learner_forwards`` counts it.
+    if plan is not None and (n_micro > 1 or plan.src.shape[0] > 1):
+      return packed_grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan, frozen)
+    if plan is not None:
+      return whole_grad(trainable, batch, w, stale, prox, ref, v_start,
+                        jax.tree.map(lambda x: x[0], plan), frozen)
+    if n_micro == 1:
+      return whole_grad(trainable, batch, w, stale, prox, ref, v_start, None, frozen)
+    return strided_grad_fn(trainable, batch, w, stale, prox, ref, v_start, frozen)
 
   return grad_fn
 
@@ -366,12 +404,14 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
   Returns:
     The train step, ``train_step(state, batch, weights=None, staleness=None, plan=None)``.
     With ``algo.pack_sequences`` (``packing``) every forward pass runs on packed rows:
-    ``plan`` is the ``packing.PackPlan`` of the batch (``train_step.plan_batch(mask)``, host
-    numpy from the [B, T] attention mask: leaves [num_minibatches, grad_accum_steps, ...]);
-    when it is None and the batch is concrete the step computes it on the host (a device
-    to host copy of the mask), inside another trace it runs at full width. Each bucket of
-    packed rows compiles once. ``train_step.lower`` lowers the jitted step. Without
-    ``pack_sequences`` it is the jitted step, always at full width.
+    ``plan`` is the ``packing.PackPlan`` of the batch (``train_step.plan_batch(mask,
+    multiple=1)``, ``packing.plan_batch`` of the [B, T] attention mask on the host: each
+    minibatch packed whole and split into S ≤ grad_accum_steps steps of R rows, leaves
+    [num_minibatches, S, ...]; ``multiple`` the devices its rows split over); when it is
+    None and the batch is concrete the step computes it on the host (a device to host copy
+    of the mask), inside another trace it runs at full width. Each (S, R) compiles once.
+    ``train_step.lower`` lowers the jitted step. Without ``pack_sequences`` it is the
+    jitted step, always at full width.
 
   A policy that implements only ``__call__`` (no ``hidden`` / ``project_logits``) trains
   unpacked, with a one-line warning at build time (``fit_to_policy``).
@@ -397,10 +437,13 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
   n_mb, n_acc = spec.num_minibatches, spec.grad_accum_steps
 
   def by_micro_batch(fn, batch, plan):
-    if plan is not None:  # the groups the plan packs, one at a time
-      flat_plan = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), plan)
-      return packing.from_groups(jax.lax.map(lambda a: fn(*a), (
-          packing.to_groups(batch, n_mb, n_acc), flat_plan)), n_mb, n_acc)
+    if plan is not None:  # each minibatch's packed steps, one at a time
+      def minibatch(a):
+        rows, plan_m = a
+        return packing.merge_steps(jax.lax.map(lambda p: fn(rows, p), plan_m), plan_m)
+      out = jax.lax.map(minibatch, (jax.tree.map(
+          lambda x: x.reshape(n_mb, -1, *x.shape[1:]), batch), plan))
+      return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
     if n_chunks == 1:
       return fn(batch, None)
     return merge_micro_batches(jax.lax.map(lambda mb: fn(mb, None),
@@ -480,7 +523,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     return jitted
 
   def plan_batch(mask_bt: np.ndarray, multiple: int = 1) -> packing.PackPlan:
-    return packing.plan_groups(mask_bt, n_mb, n_acc, multiple=multiple)
+    return packing.plan_batch(mask_bt, n_mb, n_acc, multiple=multiple)
 
   def packed_train_step(state: TrainState, batch: Rollout, weights=None, staleness=None,
                         plan=None):
