@@ -36,6 +36,7 @@ def test_the_cache_directory_is_expanded_off_when_empty_and_the_variable_wins(
   assert jax.config.jax_compilation_cache_dir is None  # left to JAX, which reads the variable
 
 
+@pytest.mark.slow
 def test_the_main_job_writes_its_programs_to_the_configured_cache(tmp_path, base_policy_cache):
   # An async run whose learner gives up at once: it builds, loads the shared base policy
   # and compiles its first programs, then stops in one line — the cache's wiring at a

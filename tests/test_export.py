@@ -41,6 +41,7 @@ def trained(tmp_path_factory, base_policy_cache):
   return c
 
 
+@pytest.mark.slow
 def test_export_matches_jaxreplay_greedy_and_logits(trained, tmp_path):
   out = str(tmp_path / "hf")
   r = export.export(trained.workdir, out)
@@ -86,6 +87,7 @@ def test_export_matches_jaxreplay_greedy_and_logits(trained, tmp_path):
   assert gen_cfg["eos_token_id"] == list(job.io.eos_ids) and gen_cfg["max_new_tokens"] == M
 
 
+@pytest.mark.slow
 def test_export_bfloat16_sharded_and_a_chosen_step(trained, tmp_path):
   out32, out16 = str(tmp_path / "f32"), str(tmp_path / "bf16")
   export.export(trained.workdir, out32, step=1)
@@ -107,12 +109,14 @@ def test_export_bfloat16_sharded_and_a_chosen_step(trained, tmp_path):
     assert torch.equal(s16[k], s32[k].to(torch.bfloat16)), k
 
 
+@pytest.mark.slow
 def test_best_checkpoint_exports(trained, tmp_path):
   r = export.export(trained.workdir, str(tmp_path / "best"), best=True)
   best = json.load(open(os.path.join(trained.workdir, "summary.json")))["best_checkpoint"]
   assert r["step"] == best["step"]
 
 
+@pytest.mark.slow
 def test_a_relative_workdir_exports_as_the_readme_writes_it(trained, tmp_path, monkeypatch):
   # README: python -m jaxreplay.export --workdir runs/default --out exported/default
   monkeypatch.chdir(os.path.dirname(trained.workdir))
@@ -126,6 +130,7 @@ def test_a_relative_workdir_exports_as_the_readme_writes_it(trained, tmp_path, m
       assert a.read() == b.read(), name
 
 
+@pytest.mark.slow
 def test_bad_step_and_empty_workdir_stop_with_one_line(trained, tmp_path):
   with pytest.raises(SystemExit) as e:
     export.main(["--workdir", trained.workdir, "--step", "7", "--out", str(tmp_path / "x")])

@@ -206,6 +206,7 @@ def _loss_and_grads(mesh):
   return float(loss), jax.tree.map(np.asarray, grads)
 
 
+@pytest.mark.slow
 @needs_8
 @pytest.mark.numerics
 def test_fsdp_gradient_equals_one_device():

@@ -88,6 +88,7 @@ def test_adapters_are_float32_over_a_bfloat16_base_and_start_exact():
   np.testing.assert_array_equal(nnx.merge(g2, p2)(tok, mask), nnx.merge(g, p)(tok, mask))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_only_adapters_get_gradients_and_optimizer_state(scan):
   cfg = tiny_cfg(scan)

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "docs", "recipes.md")
 
@@ -50,6 +52,7 @@ def test_recipes_page_has_a_block_per_recipe():
     assert "assert" in code, f"the '{title}' recipe checks nothing"
 
 
+@pytest.mark.slow
 def test_every_recipe_runs():
   import json
   blocks = python_blocks(open(RECIPES).read())

@@ -53,6 +53,7 @@ def test_eval_records_take_greedy_then_each_sample():
   assert all(r["gold"] == "5" and r["prompt"] == "2 + 3 =" for r in recs)
 
 
+@pytest.mark.slow
 def test_a_run_records_its_completions_and_prints_no_bar(base_policy_cache, tmp_path, capfd):
   wd = tmp_path / "run"
   c = _config(wd, base_policy_cache)  # 6 steps, evaluations at 0, 3, 6 (8 questions × 2)

@@ -181,6 +181,7 @@ def test_sampler_honours_every_stop_id(sampled):
 
 
 # ---------------------------------------------------------------- CASES 1: left padding
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_left_padding_positions_and_logprobs_cases1(policy, sampled, logp_atol):
   graphdef, params = policy
