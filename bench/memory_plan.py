@@ -16,7 +16,9 @@ learner's micro-batch rows and log-prob chunks, as the run does. Every input is 
 ``nnx.eval_shape``, so no weight is ever allocated and a 7B plan runs on a laptop. It prints
 each executable's ``memory_analysis()`` (arguments, outputs, aliased = donated,
 temporaries), the per-device peak next to the chip's HBM, and whether it fits with 20%
-headroom (peak ≤ 0.8 × HBM); exit status 0 if it fits, 1 if not.
+headroom in the memory JAX may use (peak ≤ 0.8 × pool); exit status 0 if it fits, 1 if not.
+On a GPU the pool is ``train.device_memory_fraction`` of HBM (JAX's allocator reserves that
+much at start-up and no more; 0 means JAX's default, 0.75), on a TPU the whole HBM.
 
 Peak per device = the largest, over the programs, of arguments + outputs − aliased +
 temporaries + the train state and buffer it does not take as arguments (optimizer state,
@@ -61,6 +63,25 @@ import time
 CHIPS = {"h100": 80e9, "h200": 141e9, "a100": 80e9, "a100-40": 40e9, "v5p": 95e9,
          "v5e": 16e9, "v4": 32e9, "v6e": 32e9}
 HEADROOM = 0.2
+# GPUs, whose JAX allocator takes a fraction of HBM (XLA_PYTHON_CLIENT_MEM_FRACTION), and
+# that fraction's default.
+GPU_CHIPS = ("h100", "h200", "a100", "a100-40")
+JAX_GPU_MEM_FRACTION = 0.75
+
+
+def memory_pool(cfg, chip: str) -> tuple[float, float]:
+  """(fraction, bytes): the share of a chip's HBM that JAX may allocate, and its size.
+
+  GPUs: ``train.device_memory_fraction`` (0 or absent: JAX's default 0.75), which the entry
+  point sets as ``XLA_PYTHON_CLIENT_MEM_FRACTION``; TPUs: 1.0, the whole HBM.
+
+  Raises:
+    KeyError: ``chip`` not in ``CHIPS``.
+  """
+  if chip not in GPU_CHIPS:
+    return 1.0, CHIPS[chip]
+  fraction = float(cfg.train.get("device_memory_fraction", 0.0) or JAX_GPU_MEM_FRACTION)
+  return fraction, fraction * CHIPS[chip]
 
 # The published config.json of the presets' checkpoints (Hugging Face Hub, Qwen org).
 ARCHS = {
@@ -364,12 +385,14 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
     dict: ``learner``, ``sampler`` and, when the config runs them, ``rescoring``,
     ``drift``, ``eval sampler``, ``eval entropy`` (per-device bytes: args, out, alias, temp,
     total), ``programs`` (name -> total + the resident bytes not among its arguments),
-    ``state_bytes`` / ``buffer_bytes`` (per device), ``peak``, ``hbm``, ``fits``,
-    ``mesh``, ``n_params``, ``compile_s``, ``model`` (the TransformerConfig).
+    ``state_bytes`` / ``buffer_bytes`` (per device), ``peak``, ``hbm``,
+    ``pool_fraction`` (``memory_pool``), ``fits`` (peak ≤ 0.8 × pool), ``mesh``,
+    ``n_params``, ``compile_s``, ``model`` (the TransformerConfig).
     With the split instead: ``split`` True, ``submeshes`` {"learner": the learner mesh's
     dict as above with ``weight sync`` in place of ``sampler``, "generator": ``sampler``,
     ``programs``, ``params_bytes`` (the inference copy), ``peak``}, each with ``mesh``,
-    ``devices`` and ``fits``; ``fits`` (both), ``peak`` (the larger), ``hbm``, ``mesh``
+    ``devices`` and ``fits``; ``fits`` (both), ``peak`` (the larger), ``hbm``,
+    ``pool_fraction``, ``mesh``
     (the learner's), ``generator_mesh``, ``n_params``, ``model``.
 
   Raises:
@@ -402,14 +425,16 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
   graphdef, params = hf.abstract_model(tcfg)
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   hbm = CHIPS[chip]
-  limit = (1 - HEADROOM) * hbm
+  fraction, pool = memory_pool(cfg, chip)
+  limit = (1 - HEADROOM) * pool
   w = int(cfg.mesh.get("generator_devices", 0) or 0) * processes  # generator devices in all
   if not w:
     mesh_shape = tuple(mesh_shape or config_lib.mesh_shape(cfg, devices))
     mesh = sharding_lib.make_mesh(*mesh_shape,
                                   devices=jax.devices()[:int(np.prod(mesh_shape))])
     part = _mesh_plan(cfg, mesh, graphdef, params, sampler=True)
-    return dict(**part, hbm=hbm, fits=part["peak"] <= limit, mesh=mesh_shape,
+    return dict(**part, hbm=hbm, pool_fraction=fraction, fits=part["peak"] <= limit,
+                mesh=mesh_shape,
                 n_params=n_params, model=tcfg)
 
   # The actor–learner split: the learner mesh on the first T devices, the generator's on
@@ -434,7 +459,8 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
   return dict(split=True, submeshes={"learner": learner, "generator": generator},
               processes=processes,
               fits=learner["fits"] and generator["fits"],
-              peak=max(learner["peak"], generator["peak"]), hbm=hbm, mesh=mesh_shape,
+              peak=max(learner["peak"], generator["peak"]), hbm=hbm,
+              pool_fraction=fraction, mesh=mesh_shape,
               generator_mesh=gen_shape, n_params=n_params, model=tcfg,
               compile_s=learner["compile_s"] + generator["compile_s"])
 
@@ -449,10 +475,13 @@ def _program_rows(part: dict) -> list[str]:
   return lines
 
 
-def _peak_line(prefix: str, peak: float, hbm: float, fits: bool) -> str:
+def _peak_line(prefix: str, peak: float, hbm: float, fits: bool, fraction: float) -> str:
+  pool = fraction * hbm
+  where = (f"JAX's pool {fraction:g} x {hbm / 1e9:.0f} = {pool / 1e9:.1f} GB" if fraction < 1
+           else f"{hbm / 1e9:.0f} GB")
   return (f"{prefix}: {peak / 1e9:.2f} GB of {hbm / 1e9:.0f} GB ({100 * peak / hbm:.0f}%); "
-          f"fits with {HEADROOM:.0%} headroom (<= {(1 - HEADROOM) * hbm / 1e9:.1f} GB): "
-          f"{'yes' if fits else 'NO'}")
+          f"fits {where} with {HEADROOM:.0%} headroom (<= {(1 - HEADROOM) * pool / 1e9:.1f} "
+          f"GB): {'yes' if fits else 'NO'}")
 
 
 def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
@@ -489,7 +518,8 @@ def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
         f"{gb(result['params_bytes']).strip()}), buffer {gb(result['buffer_bytes']).strip()} GB",
         f"  +resident: total + the state and buffer not among the program's arguments "
         f"(sampler: {gb(result['sampler_resident']).strip()} GB)",
-        _peak_line("peak per device", result["peak"], result["hbm"], result["fits"]),
+        _peak_line("peak per device", result["peak"], result["hbm"], result["fits"],
+                   result["pool_fraction"]),
         f"compile on CPU: learner {result['compile_s'][0]:.0f}s, sampler "
         f"{result['compile_s'][1]:.0f}s, scoring and evaluation {result['compile_s'][2]:.0f}s",
     ]
@@ -503,7 +533,8 @@ def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
       f"(weight sync: {gb(lp['sampler_resident']).strip()} GB)",
       f"  of the weight sync's temp, {gb(lp['weight sync']['cpu_f32_weights']).strip()} GB are "
       f"XLA:CPU's float32 all-gather of the bf16 replica (a GPU/TPU gathers bf16)",
-      _peak_line("  learner mesh peak per device", lp["peak"], result["hbm"], lp["fits"]),
+      _peak_line("  learner mesh peak per device", lp["peak"], result["hbm"], lp["fits"],
+                 result["pool_fraction"]),
       f"generator mesh ({gp['devices']} devices; inference copy in {cfg.model.dtype}, "
       f"{gb(gp['params_bytes']).strip()} GB per device):",
   ]
@@ -513,7 +544,8 @@ def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
       f"which arrives while this one decodes",
       f"  of the sampler's temp, {gb(gp['sampler']['cpu_f32_weights']).strip()} GB are XLA:CPU's "
       f"float32 copies of the bf16 weights for its dots (a GPU/TPU runs bf16 dots natively)",
-      _peak_line("  generator mesh peak per device", gp["peak"], result["hbm"], gp["fits"]),
+      _peak_line("  generator mesh peak per device", gp["peak"], result["hbm"], gp["fits"],
+                 result["pool_fraction"]),
       f"without XLA:CPU's float32 weight copies (information only): learner mesh "
       f"{lp['peak_without_cpu_copies'] / 1e9:.2f} GB, generator mesh "
       f"{gp['peak_without_cpu_copies'] / 1e9:.2f} GB",

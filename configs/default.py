@@ -107,7 +107,9 @@ def get_config():
                                         max_generated_rollouts=0,
                                         # JAX's persistent compilation cache ("" = off):
                                         # restarts load their programs, not compile them
-                                        compilation_cache_dir="~/.cache/jaxreplay/xla"))
+                                        compilation_cache_dir="~/.cache/jaxreplay/xla",
+                                        # of each GPU's memory for JAX (0 = its 0.75)
+                                        device_memory_fraction=0.0))
   # Reverb-style samples-per-insert limiter (async mode). samples_per_insert ρ is the replay
   # ratio it holds — the one-host stand-in for the paper's W/T split (W/T = μ/ρ); unset:
   # B/R. min_fill: items before the first sample (unset: B). error_buffer: tolerance of

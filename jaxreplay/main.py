@@ -27,6 +27,7 @@ def main(argv) -> None:
     config = specs(cfg)
   except ConfigError as e:
     raise SystemExit(f"jaxreplay: {e}") from None
+  set_device_memory_fraction(config.train.device_memory_fraction)
   enable_compilation_cache(config.train.compilation_cache_dir)
   settings = config.distributed.settings()
   if settings is not None:  # before any other JAX call (launch/: TPU pods, SLURM, local)
@@ -47,6 +48,39 @@ def main(argv) -> None:
   if jax.process_index() != 0:  # process 0 reports for the job
     return
   print("\n" + "\n".join(summary_lines(s, config.sampler.temperature)))
+
+
+def set_device_memory_fraction(fraction: float) -> str | None:
+  """Sets ``XLA_PYTHON_CLIENT_MEM_FRACTION`` to ``fraction`` (``train.device_memory_fraction``)
+  unless the variable is already set; call before JAX starts its backend.
+
+  JAX's GPU allocator reserves that fraction of each device's memory at start-up (0.75 by
+  default) and can use no more; a program whose peak (``bench/memory_plan.py``) fits the
+  device but not 75% of it fails at its first step. CPUs and TPUs ignore the variable.
+
+  Args:
+    fraction: in [0, 1); 0 leaves JAX's default.
+
+  Returns:
+    The variable's value in effect ("0.9"), or None when neither it nor ``fraction`` is set.
+
+  Raises:
+    RuntimeError: ``fraction`` is set (> 0) but JAX's backend has already started, so the
+      setting could not take effect.
+  """
+  import os
+  import sys
+  if os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"):
+    return os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]
+  if not fraction:
+    return None
+  xla_bridge = sys.modules.get("jax._src.xla_bridge")
+  started = getattr(xla_bridge, "backends_are_initialized", lambda: False)
+  if xla_bridge is not None and started():
+    raise RuntimeError("train.device_memory_fraction must be set before JAX starts its "
+                       "backend; set XLA_PYTHON_CLIENT_MEM_FRACTION instead")
+  os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{fraction:g}"
+  return os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]
 
 
 def enable_compilation_cache(path: str) -> str | None:

@@ -1,12 +1,15 @@
-"""``train.compilation_cache_dir``: the entry point turns JAX's persistent compilation cache on."""
+"""What the entry point sets before JAX starts: the persistent compilation cache
+(``train.compilation_cache_dir``) and the GPU memory pool (``train.device_memory_fraction``)."""
 
 import os
 import subprocess
+import sys
 
 import jax
 import pytest
 
 from conftest import tiny_run_argv, tiny_run_config
+from jaxreplay.config import ConfigError, load_config, specs
 from jaxreplay.main import enable_compilation_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,3 +55,32 @@ def test_the_main_job_writes_its_programs_to_the_configured_cache(tmp_path, base
   assert out.stderr.strip().splitlines()[-1].startswith("jaxreplay: async mode: no batch")
   entries = [p for p in cache.iterdir() if p.name.endswith("-cache")]
   assert len(entries) >= 3, sorted(p.name for p in cache.iterdir())
+
+
+def _in_fresh_process(code: str, **env) -> subprocess.CompletedProcess:
+  base = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_MEM_FRACTION"}
+  return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=300, cwd=ROOT, env={**base, **env})
+
+
+def test_the_memory_fraction_is_set_before_the_backend_and_the_variable_wins():
+  setter = "from jaxreplay.main import set_device_memory_fraction as f; import os\n"
+  out = _in_fresh_process(setter + "print(f(0.9), os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'])\n"
+                          "import jax; jax.devices(); print(f(0.9))")
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.split() == ["0.9", "0.9", "0.9"]  # set once; later calls read it back
+  out = _in_fresh_process(setter + "print(f(0.0), 'XLA_PYTHON_CLIENT_MEM_FRACTION' in os.environ)")
+  assert out.stdout.split() == ["None", "False"], out.stderr[-2000:]  # 0: JAX's default
+  out = _in_fresh_process(setter + "print(f(0.9))", XLA_PYTHON_CLIENT_MEM_FRACTION="0.5")
+  assert out.stdout.split() == ["0.5"], out.stderr[-2000:]  # the user's variable wins
+  out = _in_fresh_process(setter + "import jax; jax.devices(); f(0.9)")
+  assert out.returncode == 1
+  assert "RuntimeError: train.device_memory_fraction must be set before JAX starts" in out.stderr
+
+
+@pytest.mark.parametrize("bad", [1.0, -0.1])
+def test_a_memory_fraction_outside_0_1_names_the_field(bad):
+  c = load_config(os.path.join(ROOT, "configs", "default.py"))
+  c.train.device_memory_fraction = bad
+  with pytest.raises(ConfigError, match="train.device_memory_fraction"):
+    specs(c)

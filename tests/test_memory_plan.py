@@ -102,3 +102,22 @@ def test_plan_of_the_actor_learner_split_reports_both_sub_meshes():
   assert result["peak"] == max(learner["peak"], generator["peak"]) and result["fits"]
   text = mp.report(result, cfg, "tiny", 8, "v5e")
   assert "W/T = 4/4" in text and text.splitlines()[-2] == "both sub-meshes fit: yes"
+
+
+def test_a_gpu_plan_is_checked_against_jax_s_memory_pool():
+  """On a GPU JAX allocates train.device_memory_fraction of HBM (0: its default 0.75); on a
+  TPU the whole HBM. The split preset's learner mesh peaks at 91.39 GB (its docstring's
+  plan): above 0.8 x 0.75 x 141 GB = 84.6 GB, within 0.8 x 0.9 x 141 GB = 101.5 GB."""
+  mp = _module()
+  cfg = tiny_config()
+  assert mp.memory_pool(cfg, "h200") == (0.75, 0.75 * 141e9)
+  assert mp.memory_pool(cfg, "v5p") == (1.0, 95e9)
+  cfg.train.device_memory_fraction = 0.9
+  assert mp.memory_pool(cfg, "h100") == (0.9, 0.9 * 80e9)
+  split = load_config(os.path.join(ROOT, "configs", "qwen2_5_7b_h200x8_split.py"))
+  fraction, pool = mp.memory_pool(split, "h200")
+  assert fraction == 0.9 and 91.39e9 <= (1 - mp.HEADROOM) * pool
+  assert 91.39e9 > (1 - mp.HEADROOM) * mp.memory_pool(tiny_config(), "h200")[1]
+  assert mp._peak_line("peak", 91.39e9, 141e9, True, fraction) == (
+      "peak: 91.39 GB of 141 GB (65%); fits JAX's pool 0.9 x 141 = 126.9 GB with 20% "
+      "headroom (<= 101.5 GB): yes")

@@ -74,6 +74,11 @@ class TrainSpec(Spec):
       its programs instead of compiling them again (the decode engine alone compiles a
       program per slot-count and attention-width bucket). ``JAX_COMPILATION_CACHE_DIR``, when
       set, wins.
+    device_memory_fraction: in [0, 1), the fraction of each GPU's memory JAX's allocator
+      takes when the process starts, set by the entry point before the backend starts
+      (``XLA_PYTHON_CLIENT_MEM_FRACTION``); 0 leaves JAX's default (0.75). A preset whose
+      memory plan (``bench/memory_plan.py``) needs more of the device than 0.75 sets it.
+      ``XLA_PYTHON_CLIENT_MEM_FRACTION``, when set, wins; CPUs and TPUs ignore it.
   """
 
   SECTION: ClassVar[str] = "train"
@@ -86,6 +91,7 @@ class TrainSpec(Spec):
   async_timeout_s: float = field(600.0, gt=0)
   max_generated_rollouts: int = field(0, ge=0)
   compilation_cache_dir: str = field("~/.cache/jaxreplay/xla")
+  device_memory_fraction: float = field(0.0, ge=0, lt=1, allowed="(0 = JAX's default)")
 
   def budget_reached(self, generated_rollouts: int) -> bool:
     """Whether ``generated_rollouts`` (the ledger's count) exhaust the generation budget
