@@ -30,7 +30,8 @@ learner step, sampler, rescoring, drift monitor and evaluation; not measured on 
     eval entropy     1.98     0.00     0.00     5.66     7.64      11.59
     train state 5.93 GB (parameters 1.98), buffer 0.00 GB
     +resident: total + the state and buffer not among the program's arguments (sampler: 3.95 GB)
-  peak per device: 17.27 GB of 80 GB (22%); fits with 20% headroom (<= 64.0 GB): yes
+  peak per device: 17.27 GB of 80 GB (22%); fits JAX's pool 0.75 x 80 = 60.0 GB with 20%
+    headroom (<= 48.0 GB): yes
   (peak 17.3 GB: within 80% of a 24 GB GPU, 19.2 GB.)
 """
 

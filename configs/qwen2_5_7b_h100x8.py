@@ -24,7 +24,8 @@ monitor and evaluation; not measured on a GPU):
     eval entropy     3.81     0.00     0.00     3.75     7.56      15.18
     train state 11.43 GB (parameters 3.81), buffer 0.00 GB
     +resident: total + the state and buffer not among the program's arguments (sampler: 7.62 GB)
-  peak per device: 28.30 GB of 80 GB (35%); fits with 20% headroom (<= 64.0 GB): yes
+  peak per device: 28.30 GB of 80 GB (35%); fits JAX's pool 0.75 x 80 = 60.0 GB with 20%
+    headroom (<= 48.0 GB): yes
 (``--chip h200``: the same 28.30 GB of 141 GB.)
 """
 

@@ -38,10 +38,12 @@ Settings the split needs or suggests:
     drift           15.24     0.00     0.00     6.94    22.18      52.64
     eval sampler    25.68    10.45    10.45    23.56    49.24      79.71
     eval entropy    15.23     0.00     0.00     4.74    19.97      50.44
-    learner mesh peak per device: 91.39 GB of 141 GB (65%); fits with 20% headroom: yes
+    learner mesh peak per device: 91.39 GB of 141 GB (65%); fits JAX's pool 0.9 x 141 =
+      126.9 GB with 20% headroom (<= 101.5 GB): yes
   generator mesh (6 devices; inference copy in bfloat16, 15.23 GB per device):
     sampler         16.13     0.90     0.90    33.11    49.24      64.47
-    generator mesh peak per device: 64.47 GB of 141 GB (46%); fits with 20% headroom: yes
+    generator mesh peak per device: 64.47 GB of 141 GB (46%); fits JAX's pool 0.9 x 141 =
+      126.9 GB with 20% headroom (<= 101.5 GB): yes
   (30.46 GB of the weight sync's and of the sampler's temp are XLA:CPU's float32 copies of
   bf16 weights, which a GPU does not make: 90.31 and 34.01 GB without them.)
 

@@ -17,7 +17,7 @@ monitor and evaluation; not measured on a TPU):
     eval entropy     7.62     0.00     0.00     2.35     9.96      25.20
     train state 22.85 GB (parameters 7.62), buffer 0.00 GB
     +resident: total + the state and buffer not among the program's arguments (sampler: 15.24 GB)
-  peak per device: 47.61 GB of 95 GB (50%); fits with 20% headroom (<= 76.0 GB): yes
+  peak per device: 47.61 GB of 95 GB (50%); fits 95 GB with 20% headroom (<= 76.0 GB): yes
 """
 
 from jaxreplay.config import sibling_config
