@@ -17,11 +17,10 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-from tqdm import tqdm
 
 from jaxreplay.replay import rate_limiter as rate_lib
 from jaxreplay.train import carry as carry_lib
-from jaxreplay.train import generation, samples
+from jaxreplay.train import generation, progress, samples
 from jaxreplay.train.carry import Carry
 from jaxreplay.train.ledger import Ledger
 from jaxreplay.train.record import record_step
@@ -204,8 +203,7 @@ def train_async(run, carry: Carry) -> Carry:
     RuntimeError: the generator failed, or no batch for ``train.async_timeout_s`` seconds.
   """
   train, b = run.train, run.train.batch_size
-  bar = tqdm(range(carry.step, train.steps), initial=carry.step, total=train.steps,
-             disable=not run.progress, dynamic_ncols=True)
+  bar = progress.steps_bar(carry.step, train.steps, enabled=run.progress)
   gen_s0, wait_s0 = carry.timers.generate_s, carry.timers.generator_wait_s  # before a resume
   gen = AsyncGenerator(
       produce=functools.partial(_produce, run), insert=run.fns.insert, limiter=run.limiter,

@@ -28,10 +28,9 @@ import time
 
 import jax
 import jax.numpy as jnp
-from tqdm import tqdm
 
 from jaxreplay.parallel import multihost
-from jaxreplay.train import generation, samples
+from jaxreplay.train import generation, progress, samples
 from jaxreplay.train import self_tuning
 from jaxreplay.train.carry import Carry
 from jaxreplay.train.ledger import Ledger
@@ -116,8 +115,7 @@ def train_lagged(run, carry: Carry) -> Carry:
     RuntimeError: ``algo.max_consecutive_skips`` non-finite updates in a row; a batch the
       sampler cannot fill (``generate_and_insert``).
   """
-  bar = tqdm(range(carry.step, run.train.steps), initial=carry.step, total=run.train.steps,
-             disable=not run.progress, dynamic_ncols=True)
+  bar = progress.steps_bar(carry.step, run.train.steps, enabled=run.progress)
   run = self_tuning.apply(run, carry.auto)  # a resumed run: the controller's R and cut-off
   self_tuning.log_state(run, carry.auto)
   for step in bar:

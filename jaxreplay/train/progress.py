@@ -17,6 +17,35 @@ from typing import Callable, Iterator
 from tqdm import tqdm
 
 
+# Seconds between a bar's redraws when its stream is not a terminal (a log file, a SLURM
+# output, a pipe): there each redraw is another line of carriage returns in the file.
+LOG_FILE_REDRAW_S = 30.0
+
+
+def redraw_interval(stream=None) -> float:
+  """tqdm's ``mininterval`` for a bar on ``stream`` (default ``sys.stderr``, tqdm's own).
+
+  Args:
+    stream: a file object; one without ``isatty``, or whose ``isatty()`` fails, counts as a
+      file.
+
+  Returns:
+    Seconds: tqdm's default 0.1 on a terminal, ``LOG_FILE_REDRAW_S`` elsewhere.
+  """
+  stream = sys.stderr if stream is None else stream
+  try:
+    return 0.1 if stream.isatty() else LOG_FILE_REDRAW_S
+  except (AttributeError, ValueError):  # no isatty, or a closed stream
+    return LOG_FILE_REDRAW_S
+
+
+def steps_bar(start: int, total: int, *, enabled: bool) -> tqdm:
+  """The learner's step bar over steps ``start`` .. ``total`` - 1 (a resumed run starts at
+  its checkpoint's step), on stderr, redrawn at ``redraw_interval``."""
+  return tqdm(range(start, total), initial=start, total=total, disable=not enabled,
+              dynamic_ncols=True, mininterval=redraw_interval())
+
+
 @contextlib.contextmanager
 def phase(name: str, *, enabled: bool, log: Callable[[str], None] | None = None,
           total: int | None = None, unit: str = "it") -> Iterator[tqdm]:
@@ -35,7 +64,7 @@ def phase(name: str, *, enabled: bool, log: Callable[[str], None] | None = None,
   """
   t0 = time.time()
   bar = tqdm(total=total, desc=name, unit=unit, disable=not enabled, dynamic_ncols=True,
-             leave=False, file=sys.stderr)
+             leave=False, file=sys.stderr, mininterval=redraw_interval())
   try:
     yield bar
   finally:

@@ -30,13 +30,12 @@ import time
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from jaxreplay.parallel import multihost
 from jaxreplay.parallel import submesh
 from jaxreplay.replay import rate_limiter as rate_lib
 from jaxreplay.train import carry as carry_lib
-from jaxreplay.train import generation, samples
+from jaxreplay.train import generation, progress, samples
 from jaxreplay.train.actor_learner import NoBatchError
 from jaxreplay.train.carry import Carry
 from jaxreplay.train.ledger import Ledger
@@ -293,8 +292,7 @@ def train_split(run, carry: Carry) -> Carry:
     NoBatchError: no batch for ``train.async_timeout_s`` seconds.
   """
   train, b = run.train, run.train.batch_size
-  bar = tqdm(range(carry.step, train.steps), initial=carry.step, total=train.steps,
-             disable=not run.progress, dynamic_ncols=True)
+  bar = progress.steps_bar(carry.step, train.steps, enabled=run.progress)
   t_start = time.time()
   clock = BusyClock(t_start)
   t0 = carry.timers
