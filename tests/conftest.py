@@ -12,6 +12,9 @@ import pytest
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# glibc writes why it aborts (a heap check, an assertion) to the terminal, which a pytest-xdist
+# worker or a CI log does not have; with this set it writes to stderr, where the log keeps it.
+os.environ.setdefault("LIBC_FATAL_STDERR_", "1")
 
 SESSION_ENV = "JAXREPLAY_TEST_SESSION_DIR"
 _OWNED = pytest.StashKey[str]()
