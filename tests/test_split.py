@@ -6,7 +6,9 @@ parameter layout, and a whole run on two sub-meshes of 8 fake CPU devices.
   version the token records (float32), and tokens before the swap are those of the old
   policy alone.
 * Layout: the compiled decode chunk gathers FSDP-sharded parameters when it runs on the
-  learner's layout, and none on the generator's inference copy.
+  learner's layout, and none on the generator's inference copy. With LoRA the first
+  publish copies the frozen base once; later ones move only the adapters (their exact bytes)
+  and the generator's parameters equal the learner's cast to its dtype.
 * Run (W/T = 4/4): every inserted token's behaviour log-prob equals the learner's
   recomputation under the parameters of the version it records; no batch holds an item
   older than ``buffer.max_staleness``; a checkpoint restores the learner side exactly; lost
@@ -21,7 +23,8 @@ import pytest
 from flax import nnx
 
 from conftest import restore, run, run_processes
-from jaxreplay.models import Transformer, TransformerConfig
+from jaxreplay.models import Transformer, TransformerConfig, lora
+from jaxreplay.models.spec import LoraSpec
 from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.parallel import submesh
 from jaxreplay.rl.scoring import token_logprobs
@@ -110,6 +113,38 @@ def test_weight_sync_casts_to_the_inference_dtype():
   for a, b, sh in zip(jax.tree.leaves(out), jax.tree.leaves(params), jax.tree.leaves(gen_sh)):
     assert a.dtype == jnp.bfloat16 and a.sharding == sh
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.bfloat16)))
+
+
+def test_lora_publish_moves_the_base_once_then_only_the_adapters():
+  graphdef, params = nnx.split(Transformer(CFG, nnx.Rngs(0)))
+  _, params = lora.add_adapters(graphdef, params, LoraSpec(rank=2, alpha=4.0),
+                                jax.random.key(1))  # q, k, v, o, gate, up, down
+  learner_mesh, gen_mesh = submesh.make_meshes((1, 2, 2), 4, 2)
+  learner_sh = sharding_lib.param_shardings(params, learner_mesh)
+  gen_sh = sharding_lib.param_shardings(params, gen_mesh)
+  sync = submesh.make_weight_sync(learner_sh, gen_sh, jnp.bfloat16)
+  first = sync(jax.device_put(params, learner_sh))
+  assert sync.bytes_moved == submesh.publish_bytes(params, jnp.bfloat16)  # base + adapters
+  # the learner trains: the adapters move (B leaves zero), the base stays
+  adapters, frozen = lora.split_adapters(params)
+  adapters = jax.tree.map(lambda x: x + 0.25, adapters)
+  params = lora.join_adapters(adapters, frozen)
+  second = sync(jax.device_put(params, learner_sh))
+  # per layer, rank 2 × (in + out) of q 32→32, k 32→16, v 32→16, o 32→32, gate and up
+  # 32→64, down 64→32 = 2 × 512 = 1024 values; 2 layers, 2 bytes each in bfloat16
+  assert sync.bytes_moved == 2 * 1024 * 2 == submesh.publish_bytes(
+      params, jnp.bfloat16, adapters_only=True)
+  flat = lambda t: dict(nnx.to_flat_state(t))  # noqa: E731
+  got, want, shs = flat(second), flat(params), flat(gen_sh)
+  assert got.keys() == want.keys()
+  for path, var in got.items():
+    a = var[...]
+    assert a.dtype == jnp.bfloat16 and a.sharding == shs[path].get_value(), path
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(want[path][...].astype(jnp.bfloat16)))
+  # the second publish reuses the generator's first copy of the base
+  base_first = flat(lora.split_adapters(first)[1])
+  base_second = flat(lora.split_adapters(second)[1])
+  assert all(base_second[k][...] is base_first[k][...] for k in base_first)
 
 
 def test_split_devices_per_process():

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxreplay.models import lora as lora_lib
 from jaxreplay.parallel import sharding as sharding_lib
 
 
@@ -90,7 +91,75 @@ def _cast(x, dtype):
   return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
 
 
-def make_weight_sync(learner_shardings: Any, generator_shardings: Any, dtype) -> Any:
+def publish_bytes(params: Any, dtype, adapters_only: bool = False) -> int:
+  """Bytes one publish moves: one copy of the moved leaves in the sync's dtypes.
+
+  Args:
+    params: the learner's parameter pytree (arrays or ``ShapeDtypeStruct``s, e.g. from
+      ``jax.eval_shape``, so a 7B model needs no memory).
+    dtype: the inference copy's floating dtype (integer leaves count in their own).
+    adapters_only: count only the ``nnx.LoRAParam`` leaves (a LoRA publish after the
+      first); without adapters in ``params`` every leaf counts.
+
+  Returns:
+    int, sum over the moved leaves of size × itemsize after the cast.
+  """
+  if adapters_only:
+    params = lora_lib.split_adapters(params)[0]
+  size = lambda x: int(np.prod(x.shape)) * (  # noqa: E731
+      jnp.dtype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.dtype(x.dtype)
+  ).itemsize
+  return sum(size(x) for x in jax.tree.leaves(params))
+
+
+def _make_move(learner_shardings: Any, generator_shardings: Any, dtype
+               ) -> Callable[[Any], Any]:
+  """``move(params) -> generator params`` for one pytree: cast and gather on the learner
+  mesh, then copy each process's own blocks onto the generator mesh (``make_weight_sync``)."""
+  replicated = jax.tree.map(lambda s: NamedSharding(s.mesh, P()), learner_shardings)
+  gather = jax.jit(functools.partial(jax.tree.map, lambda x: _cast(x, dtype)),
+                   out_shardings=replicated)
+
+  def copy_local(x: jax.Array, target: NamedSharding) -> jax.Array:
+    local = x.addressable_shards[0].data
+    index = target.addressable_devices_indices_map(x.shape)
+    blocks = [jax.device_put(local[index[d]], d) for d in target.addressable_devices]
+    return jax.make_array_from_single_device_arrays(x.shape, target, blocks)
+
+  return lambda params: jax.tree.map(copy_local, gather(params), generator_shardings)
+
+
+class WeightSync:
+  """``sync(params) -> generator params`` (built by ``make_weight_sync``).
+
+  Attributes:
+    bytes_moved: int, the bytes the last call moved (``publish_bytes`` of what it moved);
+      0 before the first call.
+    frozen: with LoRA, the generator's cached copy of the frozen base (``nnx.State`` on the
+      generator mesh, in ``dtype``) after the first call, else None.
+  """
+
+  def __init__(self, move_all, move_adapters, move_frozen, dtype):
+    self._move_all, self._move_adapters, self._move_frozen = (move_all, move_adapters,
+                                                              move_frozen)
+    self._dtype = dtype
+    self.bytes_moved = 0
+    self.frozen = None
+
+  def __call__(self, params):
+    if self._move_adapters is None:
+      self.bytes_moved = publish_bytes(params, self._dtype)
+      return self._move_all(params)
+    adapters, frozen = lora_lib.split_adapters(params)
+    moved = 0
+    if self.frozen is None:  # the base never trains: one copy serves every later publish
+      self.frozen = self._move_frozen(frozen)
+      moved = publish_bytes(frozen, self._dtype)
+    self.bytes_moved = moved + publish_bytes(adapters, self._dtype)
+    return lora_lib.join_adapters(self._move_adapters(adapters), self.frozen)
+
+
+def make_weight_sync(learner_shardings: Any, generator_shardings: Any, dtype) -> WeightSync:
   """Builds ``sync(params) -> generator params``: the learner's parameters, cast to
   ``dtype``, in the generator's layout on the generator mesh.
 
@@ -104,6 +173,14 @@ def make_weight_sync(learner_shardings: Any, generator_shardings: Any, dtype) ->
   device sets does not (multi-controller JAX refuses a cross-host reshard onto another
   device set). Peak memory: one whole replica per learner device during the call.
 
+  With LoRA (``nnx.LoRAParam`` leaves in the shardings), the first call moves the whole
+  policy as above and keeps the generator's copy of the frozen base (``WeightSync.frozen``);
+  every later call moves only the adapters (A [.., in, r], B [.., r, out], cast to
+  ``dtype``) and joins them with that copy, so a publish costs ``publish_bytes(params,
+  dtype, adapters_only=True)`` (about 0.3% of the replica at rank 8 on Qwen2.5-7B) and its
+  peak is one adapter replica per learner device. The generator runs the adapters
+  unmerged (``LoRALinear``); the published versions it holds share the one frozen copy.
+
   Args:
     learner_shardings: pytree of ``NamedSharding`` of the parameters on the learner mesh.
     generator_shardings: the same pytree's shardings on the generator mesh
@@ -111,22 +188,16 @@ def make_weight_sync(learner_shardings: Any, generator_shardings: Any, dtype) ->
     dtype: the inference copy's floating dtype (integers keep theirs).
 
   Returns:
-    The function; its result has ``generator_shardings`` and floating leaves in ``dtype``.
+    The ``WeightSync``; its result has ``generator_shardings`` and floating leaves in
+    ``dtype``; ``bytes_moved`` says what the last call moved.
   """
-  replicated = jax.tree.map(lambda s: NamedSharding(s.mesh, P()), learner_shardings)
-  gather = jax.jit(functools.partial(jax.tree.map, lambda x: _cast(x, dtype)),
-                   out_shardings=replicated)
-
-  def copy_local(x: jax.Array, target: NamedSharding) -> jax.Array:
-    local = x.addressable_shards[0].data
-    index = target.addressable_devices_indices_map(x.shape)
-    blocks = [jax.device_put(local[index[d]], d) for d in target.addressable_devices]
-    return jax.make_array_from_single_device_arrays(x.shape, target, blocks)
-
-  def sync(params):
-    return jax.tree.map(copy_local, gather(params), generator_shardings)
-
-  return sync
+  if not lora_lib.has_adapters(learner_shardings):
+    return WeightSync(_make_move(learner_shardings, generator_shardings, dtype), None, None,
+                      dtype)
+  (ad_l, frozen_l), (ad_g, frozen_g) = (lora_lib.split_adapters(learner_shardings),
+                                        lora_lib.split_adapters(generator_shardings))
+  return WeightSync(None, _make_move(ad_l, ad_g, dtype), _make_move(frozen_l, frozen_g, dtype),
+                    dtype)
 
 
 @functools.lru_cache(maxsize=None)
