@@ -43,9 +43,19 @@ oversized for it. The figures are the fractions (the bookkeeping of who waits fo
 that both sides do work at once), the ledger, and the HLO count; throughput and the
 W/T = μ balance need real accelerators.
 
-Usage: python bench/actor_learner.py [--steps 16]  (last line: ``generator_idle=F
+With ``--lora R`` the runs train rank-R adapters (``model.lora.rank``) and the bench reports
+the bytes one publish moves (``submesh.WeightSync.bytes_moved``): the first publish copies
+the frozen base to the generator once, every later one only the adapters, cast to bfloat16
+like the presets' inference copy. They are counted for the bench's own model (a real
+``WeightSync`` on the 6/2 meshes, publishing twice) and for Qwen2.5-7B's widths (d 3584,
+28 layers, 28/4 heads of 128, d_ff 18944, vocab 152064, all seven projections targeted),
+where ``submesh.publish_bytes`` counts the abstract parameters of ``jax.eval_shape`` (no 7B
+array is allocated), next to the whole bf16 replica a publish moves without LoRA.
+
+Usage: python bench/actor_learner.py [--steps 16] [--lora 8]  (last line: ``generator_idle=F
 learner_idle=F overlap=F decode_param_collectives=N``, the fractions of the 6/2 run and N
-the generator layout's count)
+the generator layout's count; with ``--lora``: ``publish_bytes_lora=N publish_bytes_full=M
+publish_fraction=F``, a later publish's bytes at 7B, the whole replica's, and N/M)
 """
 
 from __future__ import annotations
@@ -72,13 +82,16 @@ def parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--steps", type=int, default=16, help="learner steps per W/T")
   p.add_argument("--slots", type=int, default=64, help="decode slots of the HLO comparison")
+  p.add_argument("--lora", type=int, default=0,
+                 help="LoRA rank of the runs (0: full fine-tuning); reports publish bytes")
   p.add_argument("--workdir", default="", help="runs go here (default: a temporary dir)")
   p.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)  # W of one run
   return p.parse_args(argv)
 
 
-def make_config(w: int, workdir: str, cache_dir: str, steps: int):
-  """``configs/small.py`` shrunk (a 1-layer d=32 decoder), async with W generator devices."""
+def make_config(w: int, workdir: str, cache_dir: str, steps: int, lora: int = 0):
+  """``configs/small.py`` shrunk (a 1-layer d=32 decoder), async with W generator devices,
+  rank-``lora`` adapters when ``lora`` > 0."""
   from jaxreplay.config import load_config
   t = DEVICES - w
   c = load_config(os.path.join(ROOT, "configs", "small.py"))
@@ -96,6 +109,7 @@ def make_config(w: int, workdir: str, cache_dir: str, steps: int):
   c.checkpoint.update(every=0, keep_best=False)
   c.log.update(progress=False, tensorboard=False)
   c.mesh.update(data=t, fsdp=1, tensor=1, generator_devices=w, generator_tensor=1)
+  c.model.lora.rank = lora
   return c
 
 
@@ -105,7 +119,7 @@ def child(args) -> int:
   from jaxreplay.train import loop
   w = args.child
   c = make_config(w, os.path.join(args.workdir, f"w{w}"), os.path.join(args.workdir, "cache"),
-                  args.steps)
+                  args.steps, args.lora)
   loop.run(config_lib.validate(c), log=lambda *a: None)
   return 0
 
@@ -114,7 +128,7 @@ def run_split(w: int, args) -> dict:
   """Runs W/T in a subprocess; its last metrics record and ledger."""
   from jaxreplay.train.metrics import read_metrics
   cmd = [sys.executable, os.path.abspath(__file__), "--child", str(w), "--steps",
-         str(args.steps), "--workdir", args.workdir]
+         str(args.steps), "--workdir", args.workdir, "--lora", str(args.lora)]
   t0 = time.time()
   out = subprocess.run(cmd, capture_output=True, text=True)
   wall = time.time() - t0
@@ -174,6 +188,65 @@ def decode_collectives(args) -> dict:
   return out
 
 
+def abstract_with_adapters(tcfg, rank: int):
+  """(base params, params with rank-``rank`` adapters on every target) of ``Transformer(tcfg)``,
+  both ``jax.ShapeDtypeStruct`` pytrees (``nnx.State``): nothing is allocated."""
+  import jax
+
+  from jaxreplay.models import hf, lora
+  from jaxreplay.models.spec import LoraSpec
+  graphdef, params = hf.abstract_model(tcfg)
+  spec = LoraSpec(rank=rank)
+  with_lora = jax.eval_shape(
+      lambda p: lora.add_adapters(graphdef, p, spec, jax.random.key(0))[1], params)
+  return params, with_lora
+
+
+def qwen7b_config():
+  """Qwen2.5-7B's ``TransformerConfig`` (its published config.json, ``memory_plan.ARCHS``)."""
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from memory_plan import ARCHS
+
+  from jaxreplay.models import hf
+  return hf.config_from_hf(ARCHS["qwen2.5-7b"], dtype="bfloat16", param_dtype="bfloat16")
+
+
+def publish_sizes(args) -> dict:
+  """Bytes a publish moves in bfloat16 with rank-``args.lora`` adapters and without.
+
+  Returns:
+    {"tiny": (first, later, full), "7b": (later, full)}: for the bench's model, what a real
+    ``WeightSync`` on the 6/2 meshes moved at its first and second publish and the whole
+    replica; for Qwen2.5-7B, ``publish_bytes`` of the adapters and of the base.
+  """
+  import jax
+  import jax.numpy as jnp
+
+  from jaxreplay.models import lora
+  from jaxreplay.parallel import sharding as sharding_lib
+  from jaxreplay.parallel import submesh
+  from jaxreplay.train.warmstart import builtin_model_config
+
+  w = SPLITS[0]
+  base, abstract = abstract_with_adapters(
+      builtin_model_config(make_config(w, "", "", args.steps).model), args.lora)
+  learner_mesh, gen_mesh = submesh.make_meshes((DEVICES - w, 1, 1), w, 1)
+  learner_sh = sharding_lib.param_shardings(abstract, learner_mesh)
+  sync = submesh.make_weight_sync(learner_sh, sharding_lib.param_shardings(abstract, gen_mesh),
+                                  jnp.bfloat16)
+  params = jax.jit(lambda: jax.tree.map(lambda x: jnp.ones(x.shape, x.dtype), abstract),
+                   out_shardings=learner_sh)()
+  sync(params)
+  first = sync.bytes_moved
+  adapters, frozen = lora.split_adapters(params)
+  sync(lora.join_adapters(jax.tree.map(lambda x: x + 1, adapters), frozen))
+  tiny = (first, sync.bytes_moved, submesh.publish_bytes(base, jnp.bfloat16))
+  base7, abstract7 = abstract_with_adapters(qwen7b_config(), args.lora)
+  big = (submesh.publish_bytes(abstract7, jnp.bfloat16, adapters_only=True),
+         submesh.publish_bytes(base7, jnp.bfloat16))
+  return {"tiny": tiny, "7b": big}
+
+
 def main(argv=None) -> int:
   args = parse(argv)
   if args.child:
@@ -188,10 +261,12 @@ def main(argv=None) -> int:
     r = rows[-1]
     print(f"ran W/T={r['w']}/{r['t']}: {args.steps} steps in {r['process_s']:.0f} s", flush=True)
   hlo = decode_collectives(args)
+  sizes = publish_sizes(args) if args.lora else None
 
   print()
   print(f"actor–learner split on {DEVICES} fake CPU devices (2 shared cores), {args.steps} "
-        f"learner steps each, R=24, B=24, N=48, weight_sync_every=1, chunk_steps=2")
+        f"learner steps each, R=24, B=24, N=48, weight_sync_every=1, chunk_steps=2"
+        + (f", LoRA rank {args.lora}" if args.lora else ""))
   head = (f"{'W/T':>5} {'gen_idle':>9} {'lrn_idle':>9} {'overlap':>8} {'replay':>7} "
           f"{'W/T=':>6} {'mu_time':>8} {'mu_flops':>9} {'swaps':>6} {'v_span':>7} "
           f"{'lost':>5} {'wall_s':>7}")
@@ -209,6 +284,15 @@ def main(argv=None) -> int:
   six = rows[0]
   print(f"generator_idle={six['generator_idle']:.3f} learner_idle={six['learner_idle']:.3f} "
         f"overlap={six['overlap']:.3f} decode_param_collectives={hlo['generator']}")
+  if sizes is not None:
+    first, later, full = sizes["tiny"]
+    print(f"publish bytes, bf16, LoRA rank {args.lora} on q,k,v,o,gate,up,down: this bench's "
+          f"model first publish {first} (base + adapters), later publishes {later} "
+          f"(adapters), full replica {full} ({later / full:.4f}); Qwen2.5-7B widths: adapters "
+          f"{sizes['7b'][0] / 1e6:.1f} MB, full replica {sizes['7b'][1] / 1e9:.2f} GB")
+    lora_b, full_b = sizes["7b"]
+    print(f"publish_bytes_lora={lora_b} publish_bytes_full={full_b} "
+          f"publish_fraction={lora_b / full_b:.4f}")
   if tmp is not None:
     tmp.cleanup()
   return 0
