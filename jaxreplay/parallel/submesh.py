@@ -106,9 +106,11 @@ def publish_bytes(params: Any, dtype, adapters_only: bool = False) -> int:
   """
   if adapters_only:
     params = lora_lib.split_adapters(params)[0]
-  size = lambda x: int(np.prod(x.shape)) * (  # noqa: E731
-      jnp.dtype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.dtype(x.dtype)
-  ).itemsize
+
+  def size(x) -> int:
+    moved = jnp.dtype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.dtype(x.dtype)
+    return int(np.prod(x.shape)) * moved.itemsize
+
   return sum(size(x) for x in jax.tree.leaves(params))
 
 
@@ -139,24 +141,25 @@ class WeightSync:
       generator mesh, in ``dtype``) after the first call, else None.
   """
 
-  def __init__(self, move_all, move_adapters, move_frozen, dtype):
-    self._move_all, self._move_adapters, self._move_frozen = (move_all, move_adapters,
-                                                              move_frozen)
-    self._dtype = dtype
+  def __init__(self, move: Callable[[Any], Any], move_frozen: Callable[[Any], Any] | None,
+               dtype):
+    """``move``: the whole pytree's move, or with LoRA the adapters'; ``move_frozen``: the
+    frozen base's (LoRA) or None."""
+    self._move, self._move_frozen, self._dtype = move, move_frozen, dtype
     self.bytes_moved = 0
     self.frozen = None
 
   def __call__(self, params):
-    if self._move_adapters is None:
+    if self._move_frozen is None:
       self.bytes_moved = publish_bytes(params, self._dtype)
-      return self._move_all(params)
+      return self._move(params)
     adapters, frozen = lora_lib.split_adapters(params)
     moved = 0
     if self.frozen is None:  # the base never trains: one copy serves every later publish
       self.frozen = self._move_frozen(frozen)
       moved = publish_bytes(frozen, self._dtype)
     self.bytes_moved = moved + publish_bytes(adapters, self._dtype)
-    return lora_lib.join_adapters(self._move_adapters(adapters), self.frozen)
+    return lora_lib.join_adapters(self._move(adapters), self.frozen)
 
 
 def make_weight_sync(learner_shardings: Any, generator_shardings: Any, dtype) -> WeightSync:
@@ -192,12 +195,10 @@ def make_weight_sync(learner_shardings: Any, generator_shardings: Any, dtype) ->
     ``dtype``; ``bytes_moved`` says what the last call moved.
   """
   if not lora_lib.has_adapters(learner_shardings):
-    return WeightSync(_make_move(learner_shardings, generator_shardings, dtype), None, None,
-                      dtype)
+    return WeightSync(_make_move(learner_shardings, generator_shardings, dtype), None, dtype)
   (ad_l, frozen_l), (ad_g, frozen_g) = (lora_lib.split_adapters(learner_shardings),
                                         lora_lib.split_adapters(generator_shardings))
-  return WeightSync(None, _make_move(ad_l, ad_g, dtype), _make_move(frozen_l, frozen_g, dtype),
-                    dtype)
+  return WeightSync(_make_move(ad_l, ad_g, dtype), _make_move(frozen_l, frozen_g, dtype), dtype)
 
 
 @functools.lru_cache(maxsize=None)
