@@ -563,10 +563,18 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
 def _new_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int, pad_id: int,
                mesh: Mesh | None) -> SlotState:
   """``init_state`` built directly in its layout (``_slot_sharding``) when there is a mesh."""
-  build = functools.partial(init_state, cfg, slots, capacity, requests, max_new_tokens, pad_id)
   if mesh is None:
-    return build()
-  return jax.jit(build, out_shardings=_slot_sharding(mesh, jax.eval_shape(build)))()
+    return init_state(cfg, slots, capacity, requests, max_new_tokens, pad_id)
+  return _state_builder(cfg, slots, capacity, requests, max_new_tokens, pad_id, mesh)()
+
+
+@functools.lru_cache(maxsize=64)
+def _state_builder(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int,
+                   pad_id: int, mesh: Mesh):
+  """The jitted ``init_state`` of one engine shape on ``mesh``, built once: a new jit per
+  call would trace and compile it again every round."""
+  build = functools.partial(init_state, cfg, slots, capacity, requests, max_new_tokens, pad_id)
+  return jax.jit(build, out_shardings=_slot_sharding(mesh, jax.eval_shape(build)))
 
 
 def lower_programs(graphdef: nnx.GraphDef, params, *, slots: int, prompt_width: int,
