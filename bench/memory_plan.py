@@ -67,12 +67,12 @@ import tempfile
 import time
 
 # Accelerator HBM per chip, bytes (vendor figures, decimal GB).
-CHIPS = {"h100": 80e9, "h200": 141e9, "a100": 80e9, "a100-40": 40e9, "v5p": 95e9,
-         "v5e": 16e9, "v4": 32e9, "v6e": 32e9}
+CHIPS = {"h100": 80e9, "h200": 141e9, "a100": 80e9, "a100-40": 40e9, "l4": 24e9,
+         "v5p": 95e9, "v5e": 16e9, "v4": 32e9, "v6e": 32e9}
 HEADROOM = 0.2
 # GPUs, whose JAX allocator takes a fraction of HBM (XLA_PYTHON_CLIENT_MEM_FRACTION), and
 # that fraction's default.
-GPU_CHIPS = ("h100", "h200", "a100", "a100-40")
+GPU_CHIPS = ("h100", "h200", "a100", "a100-40", "l4")
 JAX_GPU_MEM_FRACTION = 0.75
 
 
@@ -512,7 +512,8 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
   tcfg = model_config(cfg, config_path, arch)
   graphdef, params = abstract_policy(cfg, tcfg)
   adapters, frozen = lora_lib.split_adapters(params)
-  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params if frozen is None else frozen))
+  base = params if frozen is None else frozen
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(base))
   n_adapter_params = (sum(int(np.prod(x.shape)) for x in jax.tree.leaves(adapters))
                       if frozen is not None else 0)
   hbm = CHIPS[chip]
