@@ -27,6 +27,12 @@ monitor and evaluation; not measured on a GPU; 2026-12-05):
     headroom (<= 84.6 GB): yes
   (33.85 GB without XLA:CPU's float32 copies of the bf16 weights for its dots, which a GPU
   does not make.)
+
+Split 1/1 on two H200s (``--devices 2 --set train.mode=async --set
+mesh.generator_devices=1 --set rollout.behaviour_logprobs=sampler``, same machine and date):
+learner mesh peak 64.48 GB (learner step; the first publish's base gather 30.63 GB, every
+later one 0.29 GB), generator mesh 62.27 GB (sampler, beside 0.04 GB of next adapters);
+both fit the same 84.6 GB.
 """
 
 from jaxreplay.config import sibling_config
