@@ -44,6 +44,13 @@ weight sync carry float32 copies of the bf16 weights a GPU or TPU does not make;
 is printed (``cpu_f32_weights``, counted in the compiled HLO) and a peak without them, for
 information: the verdict keeps them.
 
+LoRA (``model.lora.rank`` > 0): the policy carries the float32 adapters ``train.build``
+adds (``abstract_policy``), so the train state's optimizer state, the gradients and the
+clip cover the adapters alone, and the frozen base is in ``model.param_dtype`` (bfloat16
+halves it). With the split the first publish gathers the frozen base (``first sync``),
+every later one the adapters alone (``weight sync``), and the generator's next published
+version is adapters sharing its one frozen copy.
+
 Model architecture: ``model.source='builtin'`` reads ``cfg.model``; ``'hf'`` reads
 ``model.path/config.json`` when it exists, else ``--arch`` (or the preset file's name)
 picks a published ``config.json`` from ``ARCHS``.
@@ -60,12 +67,12 @@ import tempfile
 import time
 
 # Accelerator HBM per chip, bytes (vendor figures, decimal GB).
-CHIPS = {"h100": 80e9, "h200": 141e9, "a100": 80e9, "a100-40": 40e9, "v5p": 95e9,
-         "v5e": 16e9, "v4": 32e9, "v6e": 32e9}
+CHIPS = {"h100": 80e9, "h200": 141e9, "a100": 80e9, "a100-40": 40e9, "l4": 24e9,
+         "v5p": 95e9, "v5e": 16e9, "v4": 32e9, "v6e": 32e9}
 HEADROOM = 0.2
 # GPUs, whose JAX allocator takes a fraction of HBM (XLA_PYTHON_CLIENT_MEM_FRACTION), and
 # that fraction's default.
-GPU_CHIPS = ("h100", "h200", "a100", "a100-40")
+GPU_CHIPS = ("h100", "h200", "a100", "a100-40", "l4")
 JAX_GPU_MEM_FRACTION = 0.75
 
 
@@ -140,6 +147,37 @@ def model_config(cfg, config_path: str = "", arch: str = ""):
       scan_layers=cfg.model.get("scan_layers", False), remat=cfg.model.get("remat", "none"))
 
 
+def abstract_policy(cfg, tcfg):
+  """(graphdef, params of ``jax.ShapeDtypeStruct``) of the policy a run of ``cfg`` trains,
+  allocating nothing: ``hf.abstract_model(tcfg)`` (every parameter in ``model.param_dtype``)
+  and, with ``model.lora.rank`` r > 0, the LoRA adapters ``train.build`` adds on top
+  (``models.lora.add_adapters``: A [.., in, r] and B [.., r, out], float32 ``nnx.LoRAParam``
+  whatever the base's dtype). The train state built from it (``init_train_state``) then
+  holds optimizer state for the adapters only, and the learner step differentiates only them.
+
+  Raises:
+    jaxreplay.config.ConfigError: an invalid ``model.lora`` section.
+  """
+  import jax
+
+  from jaxreplay.models import hf
+  from jaxreplay.models import lora as lora_lib
+  from jaxreplay.models.spec import LoraSpec
+  graphdef, params = hf.abstract_model(tcfg)
+  spec = LoraSpec.from_config(cfg.model.get("lora"))
+  if not spec.enabled:
+    return graphdef, params
+  graphdefs = []
+
+  def with_adapters(p):
+    g, out = lora_lib.add_adapters(graphdef, p, spec, jax.random.key(0))
+    graphdefs.append(g)  # static: the same for every trace
+    return out
+
+  params = jax.eval_shape(with_adapters, params)
+  return graphdefs[0], params
+
+
 def _bytes(ma) -> dict:
   out = dict(args=ma.argument_size_in_bytes, out=ma.output_size_in_bytes,
              alias=ma.alias_size_in_bytes, temp=ma.temp_size_in_bytes)
@@ -207,6 +245,44 @@ def _engine_peak(cfg, graphdef, params, mesh, slots, requests, temperature, top_
   return out
 
 
+def _sync_programs(cfg, params, shardings, replicated, resident: int) -> dict:
+  """The actor–learner split's weight sync on the learner mesh
+  (``parallel.submesh.make_weight_sync``): one jit casts the parameters to the inference
+  dtype and gathers a whole replica of them onto every learner device, which then copies
+  its blocks to the generator devices.
+
+  Without LoRA every publish moves the whole policy: ``weight sync``. With LoRA two moves,
+  each its own jit: ``weight sync`` gathers the adapters alone (every publish) and
+  ``first sync`` the frozen base (the first publish only; the generator keeps that copy).
+
+  Returns:
+    dict: name -> (per-device bytes of the compiled gather, with ``cpu_f32_weights``;
+    ``resident``).
+  """
+  import jax
+  import jax.numpy as jnp
+
+  from jaxreplay.models import lora as lora_lib
+  dtype = jnp.dtype(cfg.model.dtype)
+  cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
+  adapters, frozen = lora_lib.split_adapters(params)
+  moves = {"weight sync": (adapters, lora_lib.split_adapters(shardings)[0])}
+  if frozen is not None:
+    moves["first sync"] = (frozen, lora_lib.split_adapters(shardings)[1])
+  out = {}
+  for name, (tree, sh) in moves.items():
+    gather = jax.jit(lambda p: jax.tree.map(cast, p),
+                     out_shardings=jax.tree.map(lambda _: replicated, sh))
+    sync = gather.lower(tree).compile()
+    b = _bytes(sync.memory_analysis())
+    replica = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
+        sharding=replicated), tree)
+    b["cpu_f32_weights"] = min(b["temp"], _f32_weight_copies(sync.as_text(), replica))
+    out[name] = (b, resident)
+  return out
+
+
 def _mesh_plan(cfg, mesh, graphdef, params, sampler: bool) -> dict:
   """The learner-side programs of ``cfg`` on ``mesh`` (and the sampler when ``sampler``;
   with the actor–learner split the weight sync's gather instead).
@@ -251,6 +327,17 @@ def _mesh_plan(cfg, mesh, graphdef, params, sampler: bool) -> dict:
   rb = replay.make_replay_buffer(cfg.buffer.capacity, cfg.train.batch_size, sampler_cfg)
   learner_step = make_learner_step(train_step, rb, epochs=cfg.algo.update_epochs,
                                    mesh=mesh, state_sharding=state_sh, buffer_sharding=buffer_sh)
+  # XLA:CPU's float32 copies of bfloat16 weights (a frozen bf16 LoRA base), counted in each
+  # program so the report can show the peak without them
+  bf16 = any(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(state.params))
+
+  def measured(compiled) -> dict:
+    out = _bytes(compiled.memory_analysis())
+    if bf16:
+      out["cpu_f32_weights"] = min(out["temp"],
+                                   _f32_weight_copies(compiled.as_text(), state.params))
+    return out
+
   t0 = time.time()
   learner = learner_step.lower(state, buffer, key).compile()
   t_learner = time.time() - t0
@@ -259,27 +346,16 @@ def _mesh_plan(cfg, mesh, graphdef, params, sampler: bool) -> dict:
   state_bytes, buffer_bytes = _per_device_bytes(state), _per_device_bytes(buffer)
   params_bytes = _per_device_bytes(state.params)
   resident_not_in_sampler = state_bytes - params_bytes + buffer_bytes
-  programs = {"learner": (_bytes(learner.memory_analysis()), 0)}
+  programs = {"learner": (measured(learner), 0)}
   t0 = time.time()
   if sampler:
     programs["sampler"] = (_engine_peak(
         cfg, graphdef, state.params, mesh, min(cfg.sampler.get("slots", 0) or r, r), r,
-        float(cfg.sampler.temperature), float(cfg.sampler.top_p)), resident_not_in_sampler)
+        float(cfg.sampler.temperature), float(cfg.sampler.top_p), count_f32_copies=bf16),
+        resident_not_in_sampler)
   else:
-    # The actor–learner split's weight sync (parallel.submesh.make_weight_sync): one jit
-    # casts the parameters to the inference dtype and gathers a whole replica onto every
-    # learner device, which then copies its blocks to the generator devices.
-    dtype = jnp.dtype(cfg.model.dtype)
-    cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
-    gather = jax.jit(lambda p: jax.tree.map(cast, p),
-                     out_shardings=jax.tree.map(lambda _: replicated, state_sh.params))
-    sync = gather.lower(state.params).compile()
-    programs["weight sync"] = (_bytes(sync.memory_analysis()), resident_not_in_sampler)
-    replica = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-        x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
-        sharding=replicated), state.params)
-    programs["weight sync"][0]["cpu_f32_weights"] = min(
-        programs["weight sync"][0]["temp"], _f32_weight_copies(sync.as_text(), replica))
+    programs.update(_sync_programs(cfg, state.params, state_sh.params, replicated,
+                                   resident_not_in_sampler))
   t_sampler = time.time() - t0
 
   # The passes that score rollouts without gradients, in the learner's micro-batch rows
@@ -295,13 +371,13 @@ def _mesh_plan(cfg, mesh, graphdef, params, sampler: bool) -> dict:
     rescore = learner_behaviour_logprobs.lower(
         graphdef, state.params, roll, temperature=temp, top_k=top_k, top_p=top_p,
         chunk=chunk, rows=rows).compile()
-    programs["rescoring"] = (_bytes(rescore.memory_analysis()), resident_not_in_sampler)
+    programs["rescoring"] = (measured(rescore), resident_not_in_sampler)
   if cfg.drift.every:
     version = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
     drift = make_drift_fn(graphdef, temp, cfg.drift.num_samples,
                           tuple(cfg.algo.staleness_buckets), top_k, top_p, chunk, rows)
     drift = drift.lower(state.params, buffer, key, version).compile()
-    programs["drift"] = (_bytes(drift.memory_analysis()), state_bytes - params_bytes)
+    programs["drift"] = (measured(drift), state_bytes - params_bytes)
   # Held-out evaluation: the sampled pass's engine with eval.batch_rows slots, then the
   # fresh-sample entropy of as many rows.
   e = min(cfg.eval.batch_rows, cfg.eval.num_examples * cfg.eval.samples_per_example)
@@ -313,14 +389,14 @@ def _mesh_plan(cfg, mesh, graphdef, params, sampler: bool) -> dict:
     e_mask = jax.ShapeDtypeStruct((e, p_width), jnp.bool_, sharding=e_sh)
     e_gen = _engine_peak(cfg, graphdef, state.params, mesh, e,
                          cfg.eval.num_examples * cfg.eval.samples_per_example, eval_temp,
-                         eval_top_p)
+                         eval_top_p, count_f32_copies=bf16)
     programs["eval sampler"] = (e_gen, resident_not_in_sampler)
     e_tok = jax.ShapeDtypeStruct((e, m), jnp.int32, sharding=e_sh)
     e_out = jax.ShapeDtypeStruct((e, m), jnp.bool_, sharding=e_sh)
     e_ent = _entropy_sum.lower(graphdef, state.params, e_prompts, e_mask, e_tok, e_out,
                                temperature=eval_temp, top_k=top_k, top_p=eval_top_p,
                                logprob_chunk=chunk, rows=rows).compile()
-    programs["eval entropy"] = (_bytes(e_ent.memory_analysis()), resident_not_in_sampler)
+    programs["eval entropy"] = (measured(e_ent), resident_not_in_sampler)
   t_scoring = time.time() - t0
 
   return dict(**{name: b for name, (b, _) in programs.items()},
@@ -343,6 +419,7 @@ def _generator_plan(cfg, mesh, graphdef, params) -> dict:
   import jax
   import jax.numpy as jnp
 
+  from jaxreplay.models import lora as lora_lib
   from jaxreplay.parallel import sharding as sharding_lib
 
   dtype = jnp.dtype(cfg.model.dtype)
@@ -356,10 +433,19 @@ def _generator_plan(cfg, mesh, graphdef, params) -> dict:
                          count_f32_copies=True)
   params_bytes = _per_device_bytes(copy_)
   # One more copy: the learner publishes the next version while this one decodes; the
-  # generator swaps to it between decode chunks and then drops the old one.
-  return dict(sampler=sampler, programs={"sampler": sampler["total"] + params_bytes},
-              params_bytes=params_bytes, sampler_resident=params_bytes,
-              peak=sampler["total"] + params_bytes, compile_s=(time.time() - t0,))
+  # generator swaps to it between decode chunks and then drops the old one. With LoRA the
+  # published versions share the one frozen base, so the next version is its adapters.
+  published = _per_device_bytes(lora_lib.split_adapters(copy_)[0])
+  return dict(sampler=sampler, programs={"sampler": sampler["total"] + published},
+              params_bytes=params_bytes, sampler_resident=published,
+              peak=sampler["total"] + published, compile_s=(time.time() - t0,))
+
+
+def _peak_without_cpu_copies(part: dict) -> int:
+  """A plan's peak less XLA:CPU's float32 copies of bfloat16 weights in each program
+  (``cpu_f32_weights``; information only: the verdict keeps them)."""
+  return max(total - part[name].get("cpu_f32_weights", 0)
+             for name, total in part["programs"].items())
 
 
 def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
@@ -387,9 +473,11 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
     total), ``programs`` (name -> total + the resident bytes not among its arguments),
     ``state_bytes`` / ``buffer_bytes`` (per device), ``peak``, ``hbm``,
     ``pool_fraction`` (``memory_pool``), ``fits`` (peak ≤ 0.8 × pool), ``mesh``,
-    ``n_params``, ``compile_s``, ``model`` (the TransformerConfig).
+    ``n_params`` (the base model's), ``n_adapter_params`` (LoRA's A and B, 0 without),
+    ``compile_s``, ``model`` (the TransformerConfig).
     With the split instead: ``split`` True, ``submeshes`` {"learner": the learner mesh's
-    dict as above with ``weight sync`` in place of ``sampler``, "generator": ``sampler``,
+    dict as above with ``weight sync`` (and with LoRA ``first sync``, ``_sync_programs``) in
+    place of ``sampler``, "generator": ``sampler``,
     ``programs``, ``params_bytes`` (the inference copy), ``peak``}, each with ``mesh``,
     ``devices`` and ``fits``; ``fits`` (both), ``peak`` (the larger), ``hbm``,
     ``pool_fraction``, ``mesh``
@@ -403,7 +491,7 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
   import numpy as np
 
   from jaxreplay import config as config_lib
-  from jaxreplay.models import hf
+  from jaxreplay.models import lora as lora_lib
   from jaxreplay.parallel import sharding as sharding_lib
 
   if chip not in CHIPS:
@@ -422,8 +510,12 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
   else:
     config_lib.validate(cfg, device_count=devices, process_count=processes)
   tcfg = model_config(cfg, config_path, arch)
-  graphdef, params = hf.abstract_model(tcfg)
-  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  graphdef, params = abstract_policy(cfg, tcfg)
+  adapters, frozen = lora_lib.split_adapters(params)
+  base = params if frozen is None else frozen
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(base))
+  n_adapter_params = (sum(int(np.prod(x.shape)) for x in jax.tree.leaves(adapters))
+                      if frozen is not None else 0)
   hbm = CHIPS[chip]
   fraction, pool = memory_pool(cfg, chip)
   limit = (1 - HEADROOM) * pool
@@ -433,9 +525,10 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
     mesh = sharding_lib.make_mesh(*mesh_shape,
                                   devices=jax.devices()[:int(np.prod(mesh_shape))])
     part = _mesh_plan(cfg, mesh, graphdef, params, sampler=True)
+    part["peak_without_cpu_copies"] = _peak_without_cpu_copies(part)
     return dict(**part, hbm=hbm, pool_fraction=fraction, fits=part["peak"] <= limit,
                 mesh=mesh_shape,
-                n_params=n_params, model=tcfg)
+                n_params=n_params, n_adapter_params=n_adapter_params, model=tcfg)
 
   # The actor–learner split: the learner mesh on the first T devices, the generator's on
   # the last W (``parallel.submesh.make_meshes`` takes W per process; per-device bytes do
@@ -452,16 +545,15 @@ def plan(cfg, devices: int, chip: str, mesh_shape=None, config_path: str = "",
   learner = _mesh_plan(cfg, learner_mesh, graphdef, params, sampler=False)
   generator = _generator_plan(cfg, gen_mesh, graphdef, params)
   for part, shape, n in ((learner, mesh_shape, t), (generator, gen_shape, w)):
-    part.update(mesh=shape, devices=n, fits=part["peak"] <= limit)
-    # The same peak less XLA:CPU's float32 copies of bfloat16 weights (information only).
-    part["peak_without_cpu_copies"] = max(
-        total - part[name].get("cpu_f32_weights", 0) for name, total in part["programs"].items())
+    part.update(mesh=shape, devices=n, fits=part["peak"] <= limit,
+                peak_without_cpu_copies=_peak_without_cpu_copies(part))
   return dict(split=True, submeshes={"learner": learner, "generator": generator},
               processes=processes,
               fits=learner["fits"] and generator["fits"],
               peak=max(learner["peak"], generator["peak"]), hbm=hbm,
               pool_fraction=fraction, mesh=mesh_shape,
-              generator_mesh=gen_shape, n_params=n_params, model=tcfg,
+              generator_mesh=gen_shape, n_params=n_params,
+              n_adapter_params=n_adapter_params, model=tcfg,
               compile_s=learner["compile_s"] + generator["compile_s"])
 
 
@@ -504,7 +596,9 @@ def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
       f"memory plan: {config_path} on {devices} x {chip} ({result['hbm'] / 1e9:.0f} GB HBM), "
       + head,
       f"model: {result['n_params'] / 1e9:.3f}B params ({t.param_dtype} params, {t.dtype} "
-      f"compute), {t.n_layers} layers, scan_layers={t.scan_layers}, remat={t.remat}",
+      f"compute), {t.n_layers} layers, scan_layers={t.scan_layers}, remat={t.remat}"
+      + (f"; LoRA rank {cfg.model.lora.rank}: {result['n_adapter_params'] / 1e6:.2f}M float32 "
+         f"adapter params, the only ones trained" if result["n_adapter_params"] else ""),
       f"learner: B={cfg.train.batch_size} rows x "
       f"T={cfg.task.prompt_width + cfg.sampler.max_new_tokens}, "
       f"num_minibatches={cfg.algo.num_minibatches}, grad_accum_steps="
@@ -520,10 +614,19 @@ def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
         f"(sampler: {gb(result['sampler_resident']).strip()} GB)",
         _peak_line("peak per device", result["peak"], result["hbm"], result["fits"],
                    result["pool_fraction"]),
+    ]
+    if result["peak_without_cpu_copies"] < result["peak"]:
+      lines.append(
+          f"without XLA:CPU's float32 copies of the bf16 weights for its dots (a GPU/TPU runs "
+          f"bf16 dots natively; information only): {result['peak_without_cpu_copies'] / 1e9:.2f}"
+          f" GB")
+    lines += [
         f"compile on CPU: learner {result['compile_s'][0]:.0f}s, sampler "
         f"{result['compile_s'][1]:.0f}s, scoring and evaluation {result['compile_s'][2]:.0f}s",
     ]
     return "\n".join(lines)
+  # with LoRA the whole (frozen) replica is gathered once, by the first publish
+  sync = "first sync" if "first sync" in lp["programs"] else "weight sync"
   lines.append(f"learner mesh ({lp['devices']} devices):")
   lines += _program_rows(lp)
   lines += [
@@ -531,7 +634,7 @@ def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
       f"{gb(lp['params_bytes']).strip()}), buffer {gb(lp['buffer_bytes']).strip()} GB",
       f"  +resident: total + the state and buffer not among the program's arguments "
       f"(weight sync: {gb(lp['sampler_resident']).strip()} GB)",
-      f"  of the weight sync's temp, {gb(lp['weight sync']['cpu_f32_weights']).strip()} GB are "
+      f"  of the {sync}'s temp, {gb(lp[sync]['cpu_f32_weights']).strip()} GB are "
       f"XLA:CPU's float32 all-gather of the bf16 replica (a GPU/TPU gathers bf16)",
       _peak_line("  learner mesh peak per device", lp["peak"], result["hbm"], lp["fits"],
                  result["pool_fraction"]),
@@ -540,7 +643,9 @@ def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
   ]
   lines += _program_rows(gp)
   lines += [
-      f"  +resident: total + the next published copy ({gb(gp['sampler_resident']).strip()} GB), "
+      f"  +resident: total + the next published "
+      f"{'adapters' if result['n_adapter_params'] else 'copy'} "
+      f"({gb(gp['sampler_resident']).strip()} GB), "
       f"which arrives while this one decodes",
       f"  of the sampler's temp, {gb(gp['sampler']['cpu_f32_weights']).strip()} GB are XLA:CPU's "
       f"float32 copies of the bf16 weights for its dots (a GPU/TPU runs bf16 dots natively)",

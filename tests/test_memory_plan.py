@@ -121,3 +121,78 @@ def test_a_gpu_plan_is_checked_against_jax_s_memory_pool():
   assert mp._peak_line("peak", 91.39e9, 141e9, True, fraction) == (
       "peak: 91.39 GB of 141 GB (65%); fits JAX's pool 0.9 x 141 = 126.9 GB with 20% "
       "headroom (<= 101.5 GB): yes")
+
+
+def lora_tiny_config():
+  """``tiny_config`` with rank-4 adapters on all seven block layers and a bfloat16 base.
+
+  Adapter parameters per layer (d_model 32, q/o out 2 x 16 = 32, k/v out 16, d_ff 64), A
+  [in, 4] + B [4, out]: q 256, k 192, v 192, o 256, gate 384, up 384, down 384 = 2,048;
+  3 layers: 6,144 params, 24,576 bytes in float32.
+  """
+  cfg = tiny_config()
+  cfg.model.param_dtype = "bfloat16"
+  cfg.model.lora.update(rank=4, alpha=8.0)
+  return cfg
+
+
+ADAPTER_PARAMS = 6144  # lora_tiny_config's, by hand
+
+
+def test_lora_plan_holds_optimizer_state_for_the_adapters_only():
+  """The plan's policy carries the float32 adapters train.build adds over a bfloat16 base,
+  and the train state built from it (as ``_mesh_plan`` builds it) has Adam's two moments
+  of the adapters alone: 2 x 24,576 bytes, plus two int32 step counts."""
+  from jaxreplay.models import lora
+  from jaxreplay.rl.train_step import init_train_state, make_optimizer
+  mp = _module()
+  cfg = lora_tiny_config()
+  graphdef, params = mp.abstract_policy(cfg, mp.model_config(cfg))
+  adapters, frozen = lora.split_adapters(params)
+  assert {x.dtype for x in jax.tree.leaves(adapters)} == {np.dtype("float32")}
+  assert {x.dtype for x in jax.tree.leaves(frozen)} == {np.dtype("bfloat16")}
+  assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(adapters)) == ADAPTER_PARAMS
+  optimizer = make_optimizer(cfg.algo, cfg.train.steps)
+  state = jax.eval_shape(lambda p: init_train_state(graphdef, p, optimizer, cfg.algo), params)
+  opt_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize
+                  for x in jax.tree.leaves(state.opt_state))
+  assert opt_bytes == 2 * 4 * ADAPTER_PARAMS + 2 * 4
+  # rank 0: the whole policy, float32 optimizer state for every parameter
+  cfg.model.lora.rank = 0
+  _, whole = mp.abstract_policy(cfg, mp.model_config(cfg))
+  assert not lora.has_adapters(whole)
+  assert jax.tree.structure(whole) == jax.tree.structure(frozen)
+
+
+@pytest.mark.slow
+def test_lora_split_plan_syncs_the_frozen_base_once_and_then_the_adapters():
+  """W/T = 1/1 with LoRA: the learner's state is the bf16 base, the float32 adapters and
+  their Adam moments; every publish gathers the adapters in bf16 (2 x 6,144 bytes), the
+  first the frozen base (``first sync``); the generator keeps one next version's adapters
+  beside its copy, not a second whole model."""
+  mp = _module()
+  cfg = lora_tiny_config()
+  cfg.train.mode = "async"
+  cfg.rollout.behaviour_logprobs = "sampler"  # the split has no learner-side rescoring
+  cfg.mesh.update(generator_devices=1, generator_tensor=1)
+  cfg.model.dtype = "bfloat16"
+  cfg.eval.every = 0
+  cfg.drift.every = 0
+  result = mp.plan(cfg, 2, "v5e", mesh_shape=(1, 1, 1))
+  learner, generator = result["submeshes"]["learner"], result["submeshes"]["generator"]
+  assert result["n_adapter_params"] == ADAPTER_PARAMS
+  base = sum(int(np.prod(x.shape)) * 2 for x in jax.tree.leaves(
+      hf.abstract_model(result["model"])[1]))
+  assert learner["params_bytes"] == base + 4 * ADAPTER_PARAMS
+  # Adam's mu and nu of the adapters, the two optimizer counts, step and skipped
+  assert learner["state_bytes"] - learner["params_bytes"] == 2 * 4 * ADAPTER_PARAMS + 4 * 4
+  assert set(learner["programs"]) == {"learner", "weight sync", "first sync"}
+  # XLA counts the output tuple's pointer table too: 8 bytes a leaf
+  n_adapters, n_base = 14, len(jax.tree.leaves(hf.abstract_model(result["model"])[1]))
+  assert 0 <= learner["weight sync"]["out"] - 2 * ADAPTER_PARAMS <= 8 * n_adapters
+  assert 0 <= learner["first sync"]["out"] - base <= 8 * n_base
+  assert generator["params_bytes"] == base + 2 * ADAPTER_PARAMS
+  assert generator["sampler_resident"] == 2 * ADAPTER_PARAMS
+  text = mp.report(result, cfg, "tiny", 2, "v5e")
+  assert "LoRA rank 4: 0.01M float32 adapter params, the only ones trained" in text
+  assert "next published adapters" in text
