@@ -62,6 +62,11 @@ TASKS = {
     "mixed_ops": ("basic_arithmetic", dict(
         min_terms=3, max_terms=3, min_digits=1, max_digits=2, operators=("+", "-", "*"),
         allow_parentheses=False, allow_negation=False)),
+    # between those and the one-digit products: two 2-digit terms, + and -
+    "sum_2digit": ("chain_sum", dict(min_terms=2, max_terms=2, min_digits=2, max_digits=2)),
+    # three or four 1-digit terms, + and -
+    "chain_1digit3": ("chain_sum", dict(min_terms=3, max_terms=3, min_digits=1, max_digits=1)),
+    "chain_1digit4": ("chain_sum", dict(min_terms=4, max_terms=4, min_digits=1, max_digits=1)),
 }
 # countdown-style targets are left out: graded by value (math-verify), "17" would score as
 # well as an expression that reaches 17 from the given numbers.
