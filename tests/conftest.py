@@ -193,7 +193,10 @@ def apply_overrides(c, overrides):
 def tiny_run_config(workdir, cache_dir, **overrides):
   """configs/small.py shrunk to seconds: a 1-layer d=32 decoder warm-started for 20 steps,
   R = 16 rollouts per step (groups of 4), B = 32 from a buffer of 64, 6 steps with an
-  evaluation (8 × 2), a checkpoint and a drift sample every 3.
+  evaluation (8 × 2), a checkpoint and a drift sample every 3, on one device (``mesh.data=1``:
+  what these runs check is the loop, and a program for one of the 8 fake devices compiles
+  and runs faster on 2 cores; test_train_mesh and test_train_e2e's exact resume pass a mesh
+  over all 8).
 
   The end-to-end tests that need a run but not a learning policy share these shapes
   (``overrides`` that keep them: steps, modes, mesh, what is evaluated when), so that JAX's
@@ -215,6 +218,7 @@ def tiny_run_config(workdir, cache_dir, **overrides):
   c.eval.update(every=3, num_examples=8, samples_per_example=2)
   c.checkpoint.every = 3
   c.drift.update(every=3, num_samples=32)
+  c.mesh.data = 1
   return apply_overrides(c, overrides)
 
 
@@ -253,7 +257,7 @@ def tiny_run_argv(c) -> list:
       ("train", ("batch_size", "steps", "mode", "async_timeout_s")), ("buffer", ("capacity",)),
       ("algo", ("warmup_steps",)), ("eval", ("every", "num_examples", "samples_per_example")),
       ("checkpoint", ("every",)), ("drift", ("every", "num_samples")),
-      ("log", ("progress", "tensorboard"))) for k in keys] + [f"workdir={c.workdir}"]
+      ("log", ("progress", "tensorboard")), ("mesh", ("data",))) for k in keys] + [f"workdir={c.workdir}"]
   return [sys.executable, "-m", "jaxreplay.main", "--config",
           os.path.join(root, "configs", "small.py"), *[f"--config.{a}" for a in args]]
 

@@ -208,6 +208,7 @@ def e2e_config(checkpoint, workdir, preset, **task):
   c.checkpoint.update(every=0, keep_best=False)
   c.drift.every = 0
   c.log.update(progress=False, tensorboard=False)
+  c.mesh.data = 1  # one device: the claim is the data path, not the layout
   return c
 
 

@@ -74,6 +74,7 @@ def test_qwen_preset_runs_on_a_tiny_checkpoint(tmp_path):
   c.eval.update(every=0, num_examples=4, samples_per_example=2)
   c.checkpoint.every = 0
   c.log.update(progress=False, tensorboard=False)
+  c.mesh.data = 1  # one device: the claim is the checkpoint's path through the loop
 
   # Prompts: the checkpoint's chat template with the system turn, left-padded.
   io = HFTextIO.from_pretrained(str(ckpt), c.task.prompt_width, chat=True,
