@@ -191,15 +191,10 @@ def decode_collectives(args) -> dict:
 def abstract_with_adapters(tcfg, rank: int):
   """(base params, params with rank-``rank`` adapters on every target) of ``Transformer(tcfg)``,
   both ``jax.ShapeDtypeStruct`` pytrees (``nnx.State``): nothing is allocated."""
-  import jax
-
   from jaxreplay.models import hf, lora
   from jaxreplay.models.spec import LoraSpec
   graphdef, params = hf.abstract_model(tcfg)
-  spec = LoraSpec(rank=rank)
-  with_lora = jax.eval_shape(
-      lambda p: lora.add_adapters(graphdef, p, spec, jax.random.key(0))[1], params)
-  return params, with_lora
+  return params, lora.abstract_adapters(graphdef, params, LoraSpec(rank=rank))[1]
 
 
 def qwen7b_config():

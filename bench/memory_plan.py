@@ -158,8 +158,6 @@ def abstract_policy(cfg, tcfg):
   Raises:
     jaxreplay.config.ConfigError: an invalid ``model.lora`` section.
   """
-  import jax
-
   from jaxreplay.models import hf
   from jaxreplay.models import lora as lora_lib
   from jaxreplay.models.spec import LoraSpec
@@ -167,15 +165,7 @@ def abstract_policy(cfg, tcfg):
   spec = LoraSpec.from_config(cfg.model.get("lora"))
   if not spec.enabled:
     return graphdef, params
-  graphdefs = []
-
-  def with_adapters(p):
-    g, out = lora_lib.add_adapters(graphdef, p, spec, jax.random.key(0))
-    graphdefs.append(g)  # static: the same for every trace
-    return out
-
-  params = jax.eval_shape(with_adapters, params)
-  return graphdefs[0], params
+  return lora_lib.abstract_adapters(graphdef, params, spec)
 
 
 def _bytes(ma) -> dict:

@@ -86,6 +86,14 @@ def test_adapters_are_float32_over_a_bfloat16_base_and_start_exact():
   assert {x.dtype for x in jax.tree.leaves(frozen)} == {jnp.dtype("bfloat16")}
   tok, mask = batch().tokens, jnp.ones((B, T), bool)
   np.testing.assert_array_equal(nnx.merge(g2, p2)(tok, mask), nnx.merge(g, p)(tok, mask))
+  # the same policy on shapes alone (memory plans): same paths, shapes and dtypes, no arrays
+  from jaxreplay.models import hf
+  ga, pa = lora.abstract_adapters(*hf.abstract_model(cfg), LoraSpec(rank=RANK, alpha=ALPHA))
+  assert ga == g2
+  shapes = lambda t: {jax.tree_util.keystr(k): (v.shape, v.dtype)
+                      for k, v in jax.tree_util.tree_flatten_with_path(t)[0]}
+  assert shapes(pa) == shapes(p2)
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(pa))
 
 
 @pytest.mark.slow

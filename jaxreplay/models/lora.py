@@ -115,6 +115,33 @@ def add_adapters(graphdef: nnx.GraphDef, params: nnx.State, spec: LoraSpec,
   return nnx.split(model)
 
 
+def abstract_adapters(graphdef: nnx.GraphDef, params: Any,
+                      spec: LoraSpec) -> tuple[nnx.GraphDef, nnx.State]:
+  """``add_adapters`` on shapes alone: nothing is allocated (memory plans, byte counts).
+
+  Args:
+    graphdef, params: a ``models.Transformer``; ``params`` may hold ``jax.ShapeDtypeStruct``
+      leaves (``models.hf.abstract_model``) or arrays.
+    spec: the enabled ``LoraSpec``.
+
+  Returns:
+    (graphdef, params) as ``add_adapters`` gives them, every leaf a ``jax.ShapeDtypeStruct``:
+    the base's shapes and dtypes, A [.., in, r] and B [.., r, out] float32.
+
+  Raises:
+    ValueError: as ``add_adapters``.
+  """
+  graphdefs = []
+
+  def add(p):
+    g, out = add_adapters(graphdef, p, spec, jax.random.key(0))
+    graphdefs.append(g)  # static: the same for every trace
+    return out
+
+  out = jax.eval_shape(add, params)
+  return graphdefs[0], out
+
+
 def has_adapters(params: Any) -> bool:
   """Whether a parameter ``nnx.State`` holds ``nnx.LoRAParam`` leaves."""
   return isinstance(params, nnx.State) and bool(
