@@ -20,7 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def tiny_config(workdir: str, cache_dir: str, steps: int):
   """configs/small.py shrunk to seconds: a 1-layer d=32 decoder, 16 rollouts per step,
-  B = 16 from a buffer of 32, a checkpoint every 2 steps, a 4-device data mesh."""
+  B = 16 from a buffer of 32, a checkpoint and an evaluation (8 x 2; its completions
+  recorded) every 2 steps, rollouts recorded every step, a 4-device data mesh."""
   sys.path.insert(0, ROOT)
   from jaxreplay.config import load_config
   c = load_config(os.path.join(ROOT, "configs", "small.py"))
@@ -32,7 +33,8 @@ def tiny_config(workdir: str, cache_dir: str, steps: int):
   c.buffer.capacity = 32
   c.train.update(steps=steps, batch_size=16)
   c.algo.warmup_steps = 1
-  c.eval.update(every=0, num_examples=8, samples_per_example=2)
+  c.eval.update(every=2, num_examples=8, samples_per_example=2, record=4)
+  c.log.update(record_every=1, record_rollouts=2)
   c.drift.every = 0
   c.checkpoint.update(every=2, keep_best=False)
   c.log.update(progress=False, tensorboard=False)
@@ -62,6 +64,14 @@ def main(argv):
   wrote, saved, logs = [], {}, []
   real_write_atomic, real_save = ckpt_lib.write_atomic, ckpt_lib.save
   real_metric_write = metrics_lib.MetricWriter.write
+  from jaxreplay.train import samples as samples_lib
+  real_samples_write = samples_lib.write
+
+  def samples_write(workdir, name, step, records):
+    path = real_samples_write(workdir, name, step, records)
+    if path is not None:
+      wrote.append(f"samples/{name}")
+    return path
 
   def write_atomic(path, text):
     wrote.append(os.path.basename(str(path)))
@@ -78,6 +88,7 @@ def main(argv):
 
   ckpt_lib.write_atomic, ckpt_lib.save = write_atomic, save
   metrics_lib.MetricWriter.write = metric_write
+  samples_lib.write = samples_write
 
   run(cfg, log=logs.append)  # steps 0, 1; checkpoint at step 2
   cfg = tiny_config(workdir, cache_dir, steps=3)

@@ -46,10 +46,18 @@ def main(argv):
   from jaxreplay.train import generation, loop, split
   from jaxreplay.train.metrics import read_metrics
 
-  made, published, saved, graphdefs, logs = [], {}, {}, [], []
+  from jaxreplay.train import samples as samples_lib
+  made, published, saved, graphdefs, logs, wrote = [], {}, {}, [], [], []
   real_gen, real_publish, real_init = (generation.generate_rollouts, split.Generator.publish,
                                        split.Generator.__init__)
   real_save = ckpt_lib.save
+  real_samples_write = samples_lib.write
+
+  def samples_write(workdir, name, step, records):  # the recorded completions it wrote
+    path = real_samples_write(workdir, name, step, records)
+    if path is not None:
+      wrote.append(name)
+    return path
 
   def gen_spy(src, params, *a, **kw):
     graphdefs.append(src.graphdef)
@@ -79,6 +87,7 @@ def main(argv):
   generation.generate_rollouts = gen_spy
   split.Generator.publish, split.Generator.__init__ = publish_spy, init_spy
   ckpt_lib.save = save_spy
+  samples_lib.write = samples_write
   run = lambda c: loop.run(config_lib.validate(c), logs.append)  # noqa: E731
   summary = run(config(workdir, cache, 3, pid, n, port))
   last_saved = max(saved)
@@ -119,6 +128,7 @@ def main(argv):
                "steps": [r["step"] for r in recs],
                "lost": [summary["ledger"]["lost_in_flight_rollouts"],
                         summary2["ledger"]["lost_in_flight_rollouts"]],
+               "samples_written": wrote,
                "process_count": jax.process_count(), "device_count": jax.device_count(),
                "logs": [str(m) for m in logs]}, f)
 

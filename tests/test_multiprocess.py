@@ -105,6 +105,16 @@ def test_metrics_agree_and_only_process_0_wrote_run_files(runs):
       f"metrics.jsonl:{s}" for s in (0, 1, 2, 3)]
   steps = [r["step"] for r in read_records(two_dir)]
   assert steps == [0, 1, 2, 3]  # each record once: process 1 wrote none
+  # the recorded completions: evaluations at steps 0, 2 and the last, trained rollouts every
+  # step, from process 0 alone, and the same files the one-process run wrote
+  names = sorted(w[len("samples/"):] for w in wrote0 if w.startswith("samples/"))
+  assert names == ["eval_0.jsonl", "eval_2.jsonl", "eval_3.jsonl",
+                   "train_1.jsonl", "train_2.jsonl", "train_3.jsonl"], names
+  assert sorted(os.listdir(os.path.join(two_dir, "samples"))) == names
+  for name in names:
+    with open(os.path.join(ref_dir, "samples", name)) as a, \
+         open(os.path.join(two_dir, "samples", name)) as b:
+      assert a.read() == b.read(), name
   assert not [f for f in os.listdir(two_dir) if ".tmp-" in f]
   one, two = read_metrics(ref_dir), read_metrics(two_dir)
   assert [r["step"] for r in one] == [0, 1, 2, 3]

@@ -310,6 +310,11 @@ def test_two_processes_split_generator_and_learner(split_run, tmp_path):
     assert r["staleness_max"] <= 3 and r["bad_slots"] == 0
     assert r["steps"] == [1, 2, 3, 4]
     assert all(x >= 0 for x in r["lost"])
+  # the recorded completions come from process 0 alone: an evaluation before RL, at step 2
+  # and at the end of each run (3, 4), trained rollouts every step
+  assert reports[1]["samples_written"] == []
+  assert sorted(reports[0]["samples_written"]) == sorted(
+      [f"eval_{s}.jsonl" for s in (0, 2, 3, 4)] + [f"train_{s}.jsonl" for s in (1, 2, 3, 4)])
   # both processes agreed on every round and every swap: the same rounds and versions
   assert reports[0]["rounds"] == reports[1]["rounds"]
   assert reports[0]["versions"] == reports[1]["versions"]
