@@ -54,6 +54,7 @@ def test_ratio_stats_by_hand():
   assert s["seq_std"] == pytest.approx(np.std([np.log(1.5) + 0.1, np.log(0.5)]))
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_float32_agrees_bfloat16_does_not_and_recompute_makes_it_exact(policy):
   bench = _bench()
@@ -75,6 +76,7 @@ def test_float32_agrees_bfloat16_does_not_and_recompute_makes_it_exact(policy):
   assert exact["std"] == exact["max_abs"] == 0.0
 
 
+@pytest.mark.slow
 def test_learner_rescoring_gives_the_train_step_ratio_one_in_bfloat16(policy):
   graphdef, params, prompts, mask = policy
   cfg = dataclasses.replace(nnx.merge(graphdef, params).cfg, dtype="bfloat16")

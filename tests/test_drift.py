@@ -68,6 +68,7 @@ def test_sample_slots_never_picks_invalid_and_marks_the_short_fall():
   assert sorted(np.asarray(idx)[np.asarray(ok)].tolist()) == [0, 2, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_drift_fn_on_a_buffer_matches_numpy_and_compiles_once():
   cfg = TransformerConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,

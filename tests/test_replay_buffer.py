@@ -407,6 +407,7 @@ def test_default_state_keeps_its_structure_through_evicting_samples_in_scan():
   np.testing.assert_array_equal(np.flatnonzero(s.valid), sorted({5, 6, 7} - set(used_twice)))
 
 
+@pytest.mark.slow
 def test_vmapped_sampling_uses_each_key():
   """Under vmap every row is drawn from its own key, exactly as unbatched (XLA's batching
   of its bit generator alone would seed every row from the first key)."""

@@ -12,6 +12,7 @@ import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from jaxreplay import replay
@@ -83,6 +84,7 @@ def _decode(kind, a, b):
   return "tick", 0, 0
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(OPS, min_size=6, max_size=24), seed=st.integers(0, 2**16))

@@ -38,6 +38,7 @@ def _scenario(state, key):
   return state, results + [r]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
 def test_one_device_and_eight_sharded_devices_agree():
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("data",))

@@ -125,6 +125,7 @@ def test_accumulated_gradient_is_the_whole_batch_gradient_in_every_mode(setup, g
                                  err_msg=f"{msg}: pg_loss")
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_accumulated_gradient_with_value_head_and_reference(setup, logp_atol):
   graphdef, params, batch, weights, stale = setup
