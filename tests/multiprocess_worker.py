@@ -18,10 +18,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def tiny_config(workdir: str, cache_dir: str, steps: int):
+def tiny_config(workdir: str, cache_dir: str, steps: int, record: bool = False):
   """configs/small.py shrunk to seconds: a 1-layer d=32 decoder, 16 rollouts per step,
-  B = 16 from a buffer of 32, a checkpoint and an evaluation (8 x 2; its completions
-  recorded) every 2 steps, rollouts recorded every step, a 4-device data mesh."""
+  B = 16 from a buffer of 32, a checkpoint every 2 steps, a 4-device data mesh. With
+  ``record``, an evaluation (8 x 2) every 2 steps whose completions are recorded, and the
+  trained rollouts recorded every step (``samples/``)."""
   sys.path.insert(0, ROOT)
   from jaxreplay.config import load_config
   c = load_config(os.path.join(ROOT, "configs", "small.py"))
@@ -33,8 +34,8 @@ def tiny_config(workdir: str, cache_dir: str, steps: int):
   c.buffer.capacity = 32
   c.train.update(steps=steps, batch_size=16)
   c.algo.warmup_steps = 1
-  c.eval.update(every=2, num_examples=8, samples_per_example=2, record=4)
-  c.log.update(record_every=1, record_rollouts=2)
+  c.eval.update(every=2 if record else 0, num_examples=8, samples_per_example=2, record=4)
+  c.log.update(record_every=1 if record else 0, record_rollouts=2)
   c.drift.every = 0
   c.checkpoint.update(every=2, keep_best=False)
   c.log.update(progress=False, tensorboard=False)
@@ -45,7 +46,7 @@ def tiny_config(workdir: str, cache_dir: str, steps: int):
 def main(argv):
   pid, n, port, workdir, cache_dir, out = argv[1:7]
   pid, n = int(pid), int(n)
-  cfg = tiny_config(workdir, cache_dir, steps=2)
+  cfg = tiny_config(workdir, cache_dir, steps=2, record=True)
   cfg.distributed.update(initialize=True, coordinator_address=f"127.0.0.1:{port}",
                          num_processes=n, process_id=pid)
   from jaxreplay import config as config_lib
@@ -91,7 +92,7 @@ def main(argv):
   samples_lib.write = samples_write
 
   run(cfg, log=logs.append)  # steps 0, 1; checkpoint at step 2
-  cfg = tiny_config(workdir, cache_dir, steps=3)
+  cfg = tiny_config(workdir, cache_dir, steps=3, record=True)
   cfg.distributed.update(initialize=True, coordinator_address=f"127.0.0.1:{port}",
                          num_processes=n, process_id=pid)
   run(cfg, log=logs.append)  # restores step 2, trains step 3, checkpoint at step 3

@@ -22,7 +22,7 @@ sys.path.insert(0, HERE)
 
 def config(workdir, cache, steps, pid, n, port):
   from multiprocess_worker import tiny_config
-  c = tiny_config(workdir, cache, steps=steps)
+  c = tiny_config(workdir, cache, steps=steps, record=True)
   c.train.update(mode="async", weight_sync_every=1)
   c.mesh.update(data=2, generator_devices=1)
   c.sampler.chunk_steps = 2

@@ -48,7 +48,7 @@ def runs(tmp_path_factory, cache):
   ckpt_lib.save = spy
   cpu0 = resource.getrusage(resource.RUSAGE_SELF)
   try:
-    run(tiny_config(ref_dir, cache, steps=3), log=lambda *_: None)
+    run(tiny_config(ref_dir, cache, steps=3, record=True), log=lambda *_: None)
   finally:
     ckpt_lib.save = real_save
   cpu1 = resource.getrusage(resource.RUSAGE_SELF)
