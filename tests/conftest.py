@@ -194,9 +194,8 @@ def tiny_run_config(workdir, cache_dir, **overrides):
   """configs/small.py shrunk to seconds: a 1-layer d=32 decoder warm-started for 20 steps,
   R = 16 rollouts per step (groups of 4), B = 32 from a buffer of 64, 6 steps with an
   evaluation (8 × 2), a checkpoint and a drift sample every 3, on one device (``mesh.data=1``:
-  what these runs check is the loop, and a program for one of the 8 fake devices compiles
-  and runs faster on 2 cores; test_train_mesh and test_train_e2e's exact resume pass a mesh
-  over all 8).
+  what these runs check is the loop, not the layout, and one device's programs are not
+  partitioned; test_train_mesh and test_train_e2e's exact resume pass a mesh over all 8).
 
   The end-to-end tests that need a run but not a learning policy share these shapes
   (``overrides`` that keep them: steps, modes, mesh, what is evaluated when), so that JAX's

@@ -43,9 +43,9 @@ def _strip(records):
 # drift samples and the checkpoints before the last are left out. Evaluations and drift draw
 # from keys of their own (``train.carry.eval_key``, ``drift_key``), so the training run, and
 # every number asserted below, is the one with them. On one of the 8 fake devices, as a
-# laptop runs it: the claim is that RL learns, not how it is laid out (test_train_mesh), and
+# laptop runs it: the claim is that RL learns, not how it is laid out (test_train_mesh). Alone
 # on 2 cores the run then takes about half the time (warm start 40 s against 54 s, RL step
-# about 0.5 s against 1.05 s).
+# about 0.5 s against 1.05 s); next to another pytest worker, about the same CPU time.
 RL = {"train.steps": 120, "eval.every": 0, "drift.every": 0, "checkpoint.every": 120,
       "mesh.data": 1}
 
