@@ -15,11 +15,12 @@ from jaxreplay.sampling import paged
 # Slot scenario on pages of 16 positions, 2 pages per slot (capacity 32):
 #   slots 0 and 1: a group sharing a 20-position prompt (page of positions 0-15 shared,
 #     positions 16-19 copied into each slot's private tail page), then 4 and 1 decoded
-#     positions of their own; slot 2: length 1; slot 3: just full (32 = 2 pages × 16);
-#   slot 4: empty (length 0, no pages).
+#     positions of their own; slot 2: empty (length 0, no pages; between filled slots,
+#     where the TPU kernel's prefetch skips it); slot 3: length 1; slot 4: just full
+#     (32 = 2 pages × 16).
 PAGE, PPS, E, KV, G = 16, 2, 128, 2, 2
 PROMPT = 20
-LENGTHS = np.array([24, 21, 1, 32, 0], np.int32)
+LENGTHS = np.array([24, 21, 0, 1, 32], np.int32)
 
 
 def _scenario(seed=0):
@@ -105,7 +106,7 @@ def test_paged_attention_matches_dense_reference(impl, dtype, caplog):
   err = np.abs(out - ref).max(axis=(1, 2))
   assert (err <= TOL[dtype]).all(), (impl, err)
   # the length-0 slot: every impl gives zeros (both kernels do so without help)
-  assert not out[4].any()
+  assert not out[2].any()
 
 
 def test_tpu_kernel_rounds_float32_pages_to_bfloat16():
@@ -114,14 +115,13 @@ def test_tpu_kernel_rounds_float32_pages_to_bfloat16():
   from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu_kernel
   q, k, v, k_pages, v_pages, page_indices = _scenario(seed=1)
   q = q * E ** -0.5  # the kernel applies no scale
-  lengths = LENGTHS[:4]
   with pltpu.force_tpu_interpret_mode():
-    out = tpu_kernel(jnp.asarray(q[:4], jnp.float32), jnp.asarray(k_pages, jnp.float32),
-                     jnp.asarray(v_pages, jnp.float32), jnp.asarray(lengths),
-                     jnp.asarray(page_indices[:4]), pages_per_compute_block=1)
+    out = tpu_kernel(jnp.asarray(q, jnp.float32), jnp.asarray(k_pages, jnp.float32),
+                     jnp.asarray(v_pages, jnp.float32), jnp.asarray(LENGTHS),
+                     jnp.asarray(page_indices), pages_per_compute_block=1)
   out = np.asarray(out, np.float64)
-  exact = _reference(q[:4] * E ** 0.5, k, v, lengths)
-  rounded = _reference(q[:4] * E ** 0.5, _bf16(k), _bf16(v), lengths)
+  exact = _reference(q * E ** 0.5, k, v, LENGTHS)
+  rounded = _reference(q * E ** 0.5, _bf16(k), _bf16(v), LENGTHS)
   # float32 arithmetic on bf16-rounded K/V: same f32 bound as above
   assert np.abs(out - rounded).max() <= 1e-5
   # against exact K/V it is off by the bf16 rounding of v (2^-9 relative, |v| ~ 1-3)
@@ -172,6 +172,19 @@ def test_pool_allocate_grow_share_release_exact_pages():
   np.testing.assert_array_equal(pool.free_pages(), np.arange(6))
   assert not pool.page_indices.any() and not pool.mapped.any() and not pool.shared.any()
   paged.check_pool(pool)
+
+
+def test_write_decode_kv_writes_owned_pages_and_drops_the_rest():
+  pages = np.zeros((2, 4, 2, 3), np.float32)  # K=2, N=4 pages of 2 positions, E=3
+  page_indices = np.array([[2, 3], [1, 0], [0, 0]], np.int32)
+  new = np.arange(3 * 2 * 3, dtype=np.float32).reshape(3, 2, 3) + 1
+  out = np.asarray(paged.write_decode_kv(
+      jnp.asarray(pages), jnp.asarray(page_indices), jnp.asarray([3, 4, 0], jnp.int32),
+      jnp.asarray(new), jnp.asarray([True, True, False])))
+  want = pages.copy()
+  want[:, 3, 1] = new[0]  # slot 0, position 3: its second page (3), row 1
+  # slot 1, position 4 is past its 2-page table: dropped; slot 2 is free: dropped
+  np.testing.assert_array_equal(out, want)
 
 
 def test_pool_group_fill_is_all_or_nothing_and_checks_arguments():

@@ -10,7 +10,9 @@ Layout (per layer; what both JAX Pallas paged-attention kernels take, see their
   position order (position t of slot s lives at page ``page_indices[s, t // page_size]``,
   row ``t % page_size``). Entries past the slot's mapped pages hold 0: the kernels load
   whole compute blocks of pages and mask positions >= length, so every entry must be a
-  valid page index, and what it points at is never used.
+  valid page index. Masked positions still enter the PV product with weight 0, so every
+  page must hold finite values (0 · NaN = NaN): a pool initialised to zeros and written
+  only with keys and values is.
 - ``lengths``: [S] int32 positions to attend to (0 .. length - 1), i.e. the engine's
   ``length + 1`` after it wrote the new token's key and value at position ``length``.
 
@@ -24,6 +26,13 @@ completely (read-only: decoding writes at positions >= the prompt length, which 
 them); the partially filled last prompt page is private to each sample because each
 sample writes its own completion into the rest of it. Each page carries a refcount and
 returns to the free pool only when its last user releases it.
+
+Use from the engine's host loop: ``fill_group`` when a group's prompt is inserted (the
+prefill writes the shared pages once and each tail page), ``reserve(pool, s, length_s +
+k)`` for every live slot before a decode chunk of k steps (on failure: run fewer steps or
+preempt a slot), ``release`` when a request finishes; ``write_decode_kv`` writes each
+step's keys and values on device and drops the writes of free slots (whose rows point at
+page 0, which another slot may own).
 
 Attention (``paged_decode_attention``): one query token per slot, grouped-query (H = K·G,
 query head h reads KV head h // G, the engine's ``q.reshape(S, K, G, E)``). ``impl``:
@@ -310,6 +319,33 @@ def check_pool(pool: PagePool) -> None:
   assert bad.size == 0, f"page {bad[:1]} refcount {pool.refcount[bad[:1]]} != users {counts[bad[:1]]}"
   assert not pool.page_indices[~used].any(), "unmapped page_indices entries must be 0"
   assert (pool.shared <= pool.mapped).all(), "shared pages beyond the mapped ones"
+
+
+def write_decode_kv(pages: jax.Array, page_indices: jax.Array, positions: jax.Array,
+                    new: jax.Array, valid: jax.Array) -> jax.Array:
+  """Writes one decode step's key (or value) of each slot into its page (jittable).
+
+  Slot s writes ``new[s]`` at position ``positions[s]``: page ``page_indices[s,
+  positions[s] // page_size]``, row ``positions[s] % page_size``. Writes of slots with
+  ``valid`` False or a position outside the page table are dropped, so a free slot never
+  touches page 0. The caller keeps positions inside pages the slot owns privately
+  (``reserve``); shared prompt pages are never written.
+
+  Args:
+    pages: [K, N, page_size, E]. page_indices: [S, M] int32. positions: [S] int32.
+    new: [S, K, E] (cast to the pages' dtype). valid: [S] bool.
+
+  Returns:
+    [K, N, page_size, E] the updated pages.
+  """
+  n, page_size = pages.shape[1], pages.shape[2]
+  m = page_indices.shape[1]
+  j = positions // page_size
+  ok = valid & (positions >= 0) & (j < m)
+  page = jnp.take_along_axis(page_indices, jnp.clip(j, 0, m - 1)[:, None], axis=1)[:, 0]
+  page = jnp.where(ok, page, n)  # out of range: dropped
+  return pages.at[:, page, positions % page_size].set(
+      jnp.swapaxes(new, 0, 1).astype(pages.dtype), mode="drop")
 
 
 # --------------------------------------------------------------------------- attention
