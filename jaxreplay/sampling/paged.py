@@ -11,8 +11,8 @@ Layout (per layer; what both JAX Pallas paged-attention kernels take, see their
   row ``t % page_size``). Entries past the slot's mapped pages hold 0: the kernels load
   whole compute blocks of pages and mask positions >= length, so every entry must be a
   valid page index. Masked positions still enter the PV product with weight 0, so every
-  page must hold finite values (0 · NaN = NaN): a pool initialised to zeros and written
-  only with keys and values is.
+  page must hold finite values (0 · NaN = NaN): k_pages / v_pages created as zeros and
+  written only with keys and values do.
 - ``lengths``: [S] int32 positions to attend to (0 .. length - 1), i.e. the engine's
   ``length + 1`` after it wrote the new token's key and value at position ``length``.
 
@@ -46,7 +46,7 @@ query head h reads KV head h // G, the engine's ``q.reshape(S, K, G, E)``). ``im
   before the PV dot and stores each of its ``k_splits`` partial outputs in bfloat16
   before combining them.
 - ``"pallas_tpu"``: ``jax.experimental.pallas.ops.tpu.paged_attention`` (Mosaic). Why it
-  differed from a dense float32 reference (by up to 0.037 at head size 128): its
+  differs from a dense float32 reference by up to a few 1e-2 at head size 128: its
   ``MultiPageAsyncCopyDescriptor.wait_and_get_loaded`` loads each K/V block with
   ``.astype(float32)`` and then ``_maybe_dequantize(x, None)``, whose default
   ``dtype=jnp.bfloat16`` casts the block to **bfloat16** — float32 pages are silently
@@ -66,9 +66,10 @@ query head h reads KV head h // G, the engine's ``q.reshape(S, K, G, E)``). ``im
   slots first, between and last included), which says nothing about the hardware.
 
 Neither kernel applies the 1/sqrt(E) softmax scale: the wrapper multiplies q by ``scale``
-in float32 before casting it to the cache dtype (the xla path scales the float32 logits,
-as ``engine.decode_step`` does). Both kernels return zeros for a length-0 slot (checked
-in the tests), as the xla path does.
+in float32 and passes that to the TPU kernel (which computes in float32) and its cast to
+the cache dtype to the GPU one (Triton's dot wants one operand dtype); the xla path scales
+the float32 logits, as ``engine.decode_step`` does. Both kernels return zeros for a
+length-0 slot (checked in the tests), as the xla path does.
 
 Kernel constraints (``kernel_supports``), read from the kernel sources:
 
@@ -77,10 +78,12 @@ Kernel constraints (``kernel_supports``), read from the kernel sources:
   and a key block (pages per compute block × page_size) >= 16; pages_per_slot must split
   into ``k_splits`` partitions of a power-of-two page count each divisible by the pages
   per compute block. Query heads per KV head are padded to ``block_h`` = 16.
-- pallas_tpu: pages_per_slot divisible by ``pages_per_compute_block``; Mosaic tiles the
-  last two dims of the [pages_per_compute_block, page_size, E] VMEM buffers, so E is a
-  multiple of 128 and page_size a multiple of 16 (bfloat16 sublane tile; jax's kernel
-  test uses 16/32/64 × 128/256); bfloat16 pages only (above).
+- pallas_tpu: pages_per_slot divisible by ``pages_per_compute_block`` (the kernel's own
+  check); bfloat16 pages only (above); E a multiple of 128 and page_size a multiple of 16.
+  The last two are conservative: Mosaic tiles the last two dims of the
+  [pages_per_compute_block, page_size, E] VMEM buffers (128 lanes, 16 bfloat16
+  sublanes), but it checks that only when a TPU compiles the kernel, which a CPU host
+  cannot; jax's own kernel test covers page sizes 16/32/64 and head sizes 128/256.
 
 A shape a kernel cannot take falls back to ``"xla"`` with one warning per shape.
 ``resolve_impl`` maps the ``sampler.attention`` setting ('auto' | 'xla' | 'pallas') and a
@@ -317,13 +320,19 @@ def check_pool(pool: PagePool) -> None:
   Raises:
     AssertionError: an invariant does not hold (names the first offending page or slot).
   """
-  s, m = pool.page_indices.shape
-  used = np.arange(m)[None, :] < pool.mapped[:, None]
+  # raised, not asserted: the check must also run under python -O
+  used = np.arange(pool.page_indices.shape[1])[None, :] < pool.mapped[:, None]
   counts = np.bincount(pool.page_indices[used], minlength=pool.refcount.shape[0])
   bad = np.flatnonzero(counts != pool.refcount)
-  assert bad.size == 0, f"page {bad[:1]} refcount {pool.refcount[bad[:1]]} != users {counts[bad[:1]]}"
-  assert not pool.page_indices[~used].any(), "unmapped page_indices entries must be 0"
-  assert (pool.shared <= pool.mapped).all(), "shared pages beyond the mapped ones"
+  if bad.size:
+    p = bad[0]
+    raise AssertionError(f"page {p}: refcount {pool.refcount[p]}, mapped by {counts[p]} slots")
+  if pool.page_indices[~used].any():
+    s = np.flatnonzero((pool.page_indices * ~used).any(axis=1))[0]
+    raise AssertionError(f"slot {s}: page_indices entries past its mapped pages must be 0")
+  if (pool.shared > pool.mapped).any():
+    s = np.flatnonzero(pool.shared > pool.mapped)[0]
+    raise AssertionError(f"slot {s}: {pool.shared[s]} shared pages of {pool.mapped[s]} mapped")
 
 
 def write_decode_kv(pages: jax.Array, page_indices: jax.Array, positions: jax.Array,
@@ -436,11 +445,11 @@ def kernel_supports(impl: str, q_shape, pages_shape, pages_per_slot: int, dtype)
   """
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-  s, h, e = q_shape
+  _, h, e = q_shape
   k, _, page_size, e_k = pages_shape
   if e_k != e or h % k:
-    raise ValueError(f"paged attention: q {tuple(q_shape)} does not fit pages {tuple(pages_shape)} "
-                     f"(need equal head size and H a multiple of K)")
+    raise ValueError(f"paged attention: q {tuple(q_shape)} does not fit pages "
+                     f"{tuple(pages_shape)} (need equal head size and H a multiple of K)")
   if impl == "xla":
     return {}, None
   if impl == "pallas_gpu":
@@ -523,15 +532,18 @@ def paged_decode_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     impl = "xla"
   if impl == "xla":
     return _xla_attention(q, k_pages, v_pages, lengths, page_indices, scale)
-  # the kernels take no scale: fold it into q in float32, then to the cache dtype
-  qs = (q.astype(jnp.float32) * scale).astype(k_pages.dtype)
+  # the kernels take no scale: fold it into q in float32
+  qs = q.astype(jnp.float32) * scale
   if impl == "pallas_gpu":
     from jax.experimental.pallas.ops.gpu import paged_attention as gpu_kernel
-    out = gpu_kernel.paged_attention(qs, k_pages, v_pages, page_indices, lengths,
-                                     interpret=interpret, **params)
+    # Triton's dot takes both operands in one dtype: q in the cache dtype
+    out = gpu_kernel.paged_attention(qs.astype(k_pages.dtype), k_pages, v_pages, page_indices,
+                                     lengths, interpret=interpret, **params)
   else:
     from jax.experimental.pallas import tpu as pltpu
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu_kernel
+    # float32 q: the kernel computes in float32 anyway, and it keeps its running output
+    # between compute blocks in q's dtype, which would round it at every block
     call = functools.partial(tpu_kernel, qs, k_pages, v_pages, lengths, page_indices, **params)
     if interpret:
       with pltpu.force_tpu_interpret_mode():
