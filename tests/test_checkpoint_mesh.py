@@ -16,6 +16,7 @@ import optax
 import pytest
 from flax import nnx
 
+from conftest import xla_flags
 from jaxreplay import replay
 from jaxreplay.models import Transformer, TransformerConfig
 from jaxreplay.parallel import make_mesh, param_shardings
@@ -94,7 +95,7 @@ RESTORE = textwrap.dedent("""
 def _restore_in_subprocess(d, n, meshes):
   code = RESTORE.format(tests=os.path.join(ROOT, "tests"), d=str(d), n=n, meshes=meshes)
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+             XLA_FLAGS=xla_flags(n))
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                        timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import xla_flags
 from jaxreplay.train.metrics import has_metrics, read_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +48,7 @@ def _cmd(workdir, cache):
 
 def _env(tmp, fault=None):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=1",
+             XLA_FLAGS=xla_flags(1),
              JAX_COMPILATION_CACHE_DIR=str(tmp / "xla_cache"),  # later starts compile less
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONUNBUFFERED="1")
   env.pop("JAXREPLAY_FAULT", None)
