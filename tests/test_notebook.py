@@ -11,6 +11,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from conftest import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
 FIGURES = ("acc_vs_tokens", "acc_vs_steps", "staleness", "replay", "ledger", "uses_per_rollout")
@@ -33,7 +35,7 @@ def test_notebook_runs_at_tiny_size(tmp_path, monkeypatch):
   monkeypatch.setenv("JAXREPLAY_NOTEBOOK_SIZE", "tiny")
   monkeypatch.setenv("JAXREPLAY_NOTEBOOK_RUNS", str(runs))
   monkeypatch.setenv("JAXREPLAY_HF_CHECKPOINT", "")
-  monkeypatch.delenv("XLA_FLAGS", raising=False)  # one CPU device, as a user has
+  monkeypatch.setenv("XLA_FLAGS", xla_flags(1))  # one CPU device, as a user has
   nb = nbformat.read(NOTEBOOK, as_version=4)
   t0 = time.time()
   NotebookClient(nb, timeout=600, kernel_name="python3",

@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+from conftest import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "docs", "recipes.md")
 
@@ -57,7 +59,7 @@ def test_every_recipe_runs():
   import json
   blocks = python_blocks(open(RECIPES).read())
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)  # one CPU device, as a reader has
+  env["XLA_FLAGS"] = xla_flags(1)  # one CPU device, as a reader has
   proc = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(blocks), text=True,
                         capture_output=True, cwd=ROOT, env=env, timeout=300)
   print(proc.stdout)

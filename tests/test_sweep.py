@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 
+from conftest import xla_flags
 from jaxreplay import report, sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,7 +29,7 @@ def smoke(tmp_path_factory):
   eight fake ones conftest sets for the sharding tests)."""
   wd = str(tmp_path_factory.mktemp("sweep"))
   with pytest.MonkeyPatch.context() as mp:
-    mp.delenv("XLA_FLAGS", raising=False)
+    mp.setenv("XLA_FLAGS", xla_flags(1))
     rc, out = _sweep("--workdir", wd)
     yield wd, rc, out, mp
 
