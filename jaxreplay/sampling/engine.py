@@ -387,8 +387,8 @@ def _write_pages(pages: jax.Array, kv: jax.Array, writes) -> jax.Array:
   w = kv.shape[3]
   wp = -(-w // page_size)
   kv = jnp.pad(kv, ((0, 0), (0, 0), (0, 0), (0, wp * page_size - w), (0, 0)))
-  kv = kv.reshape(kv.shape[:3] + (wp, page_size, kv.shape[-1]))  # [L, R, K, Wp, ps, E]
-  new = kv[:, src_row, :, src_page]  # [L, nw, K, ps, E]
+  kv = kv.reshape(kv.shape[:3] + (wp, page_size, kv.shape[-1])).swapaxes(2, 3)  # [L,R,Wp,K,ps,E]
+  new = kv[:, src_row, src_page]  # [L, nw, K, ps, E]
   return pages.at[:, :, dst].set(jnp.swapaxes(new, 1, 2).astype(pages.dtype), mode="drop")
 
 
