@@ -5,8 +5,9 @@ versions as the contiguous cache, and log-probs equal to float32 reordering (the
 attention's masked width differs: the slot's page table instead of the width bucket),
 greedy and sampled, with G = 3 samples sharing their prompt pages, more requests than slots
 (refills, then the tail shrinks), prompt lengths on, before and past page boundaries, an
-in-flight weight swap, and a pool too small for all slots at once (requests wait for
-pages). Every page is back in the pool after ``run``; page counts are checked by hand.
+in-flight weight swap, a pool too small for all slots at once (requests wait for pages),
+and on an 8-device mesh. Every page is back in the pool after ``run``; page counts are
+checked by hand.
 """
 
 import jax
@@ -16,7 +17,8 @@ from flax import nnx
 
 from conftest import forward_terms, reorder_tol
 from jaxreplay.models import Transformer, TransformerConfig
-from jaxreplay.sampling import engine
+from jaxreplay.parallel import make_mesh
+from jaxreplay.sampling import engine, generate
 from jaxreplay.sampling import paged as paging
 
 CFG = TransformerConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
@@ -186,3 +188,24 @@ def test_bad_paged_settings_raise(policy, prompts):
   with pytest.raises(ValueError, match="sampler.attention must be one of 'auto', 'xla', "
                                        "'pallas'; got 'flash'"):
     run(policy, prompts, 1.0, paged=True, attention="flash")
+
+
+@pytest.mark.numerics
+def test_paged_on_a_mesh_matches_contiguous_one_device(policy, prompts, contiguous):
+  """On a data × fsdp × tensor = 2 × 2 × 2 mesh (slots over data × fsdp, the pool's KV heads
+  over tensor, its pages replicated) the paged engine samples the one-device tokens."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices; see tests/conftest.py")
+  temperature, ref = contiguous
+  if temperature:
+    pytest.skip("one temperature suffices: the sharded program is the same")
+  graphdef, params = policy
+  gen, stats = generate(graphdef, params, *prompts, jax.random.key(3), temperature=temperature,
+                        mesh=make_mesh(data=2, fsdp=2, tensor=2), paged=True, page_size=PAGE,
+                        return_stats=True, **KW)
+  np.testing.assert_array_equal(np.asarray(gen.length), ref[3])
+  np.testing.assert_array_equal(np.where(np.asarray(gen.mask), np.asarray(gen.tokens), -1),
+                                np.where(np.asarray(gen.mask), ref[0], -1))
+  np.testing.assert_allclose(np.asarray(gen.logprobs),
+                             np.where(np.asarray(gen.mask), ref[1], 0.0), rtol=0, atol=LOGP_ATOL)
+  assert_pool_empty(stats, SLOTS * 8)

@@ -114,9 +114,10 @@ class EngineStats:
     row_steps: decode row-steps executed (slots × steps over every chunk).
     useful_row_steps: row-steps that sampled a token of a request (= generated tokens).
     kv_read: cache positions read by decode attention: contiguous, slots × width per step;
-      paged, the positions of the pages a length-bounded kernel reads (Σ over decoding
-      slots of their pages up to length + 1, × page_size; the Pallas kernels stop at a
-      slot's length).
+      paged, the positions of each decoding slot's pages up to its length + 1 (Σ of
+      pages × page_size): what a kernel that stops at the slot's length reads in whole
+      pages (the Pallas kernels stop there in whole compute blocks of several pages; the
+      xla gather reads the chunk's table width, ``kv_table_read``).
     kv_needed: positions a step needed (Σ over decoding slots of their filled length + 1).
     kv_table_read: paged only, positions the xla gather reads (slots × the chunk's page
       table width × page_size per step); 0 for the contiguous cache.
