@@ -809,6 +809,8 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
           raise RuntimeError(f"page pool exhausted growing slot {slot}: admission bug")
       stats.peak_pages = max(stats.peak_pages, n_pages - pool.num_free)
       table_pages = paging.pages_for(width, page_size)
+      if impl != "xla":  # the GPU kernel splits the table into power-of-two partitions
+        table_pages = min(_pow2_at_least(table_pages, 1), table)
     swap = None if weights is None else weights()
     if swap is not None and int(swap[1]) != version:
       params, version = swap[0], int(swap[1])
