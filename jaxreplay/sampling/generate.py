@@ -99,7 +99,8 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
              top_k: int = 0, top_p: float = 1.0, mesh: Mesh | None = None,
              rules: Sequence[tuple[str, P]] = PARAM_RULES, group_size: int = 1, slots: int = 0,
              chunk_steps: int = 16, forced_lengths=None, return_stats: bool = False,
-             version: int = 0, weights=None):
+             version: int = 0, weights=None, paged: bool = False, page_size: int = 16,
+             num_pages: int = 0, attention: str = "auto"):
   """Samples G completions for each prompt of a batch with the decode engine.
 
   Each prompt is prefilled once and its KV cache shared by its G samples; ``slots`` rows
@@ -132,6 +133,8 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
     return_stats: also return the engine's ``EngineStats``.
     version: policy version of ``params``. weights: optional in-flight weight source
       (``engine.run``): ``() -> (params, version) | None`` before every decode chunk.
+    paged, page_size, num_pages, attention: the paged KV cache (``engine.run``; the
+      ``sampler`` options of the same names).
 
   Returns:
     ``Generation`` with [N·G, M] arrays (see its docstring and the module docstring for
@@ -140,7 +143,8 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
 
   Raises:
     ValueError: negative temperature, M < 1, invalid top_k/top_p, G < 1, negative
-      slots, chunk_steps < 1, or a prompt row without real tokens.
+      slots, chunk_steps < 1, a prompt row without real tokens, or (paged) a bad
+      page_size, num_pages or attention (``engine.run``).
   """
   if temperature < 0:
     raise ValueError(f"sampler.temperature={temperature} must be >= 0")
@@ -162,7 +166,8 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
       eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id), top_k=int(top_k),
       top_p=float(top_p), group_size=int(group_size), slots=int(slots),
       chunk_steps=int(chunk_steps), mesh=mesh, forced_lengths=forced_lengths,
-      version=int(version), weights=weights)
+      version=int(version), weights=weights, paged=bool(paged), page_size=int(page_size),
+      num_pages=int(num_pages), attention=str(attention))
   tokens, mask, length, truncated = postprocess_stops(tokens, eos_ids, pad_id)
   gen = Generation(tokens=tokens, logprobs=jnp.where(mask, logprobs, 0.0), mask=mask,
                    truncated=truncated, length=length,

@@ -25,6 +25,15 @@ class SamplingSpec(Spec):
       slot takes the next request.
     chunk_steps: >= 1, decode steps between the engine's host checks (refill, batch shrink,
       attention width); a finished row idles at most this many steps.
+    paged: the engine keeps its KV cache in a pool of pages (``sampling.paged``): a group's
+      prompt pages are shared by its G samples and a slot holds only the pages it has
+      filled; False keeps one contiguous cache of prompt width + max_new_tokens per slot.
+    page_size: >= 1, positions per page of the paged cache.
+    num_pages: >= 0, pages in the paged pool (0 = enough for every slot at full length); a
+      smaller pool admits fewer requests at once (each waits until its full length fits).
+    attention: the paged decode attention: 'xla' (a gather of the slot's pages), 'pallas'
+      (JAX's Pallas paged-attention kernel of the GPU or TPU, the xla path elsewhere or for
+      shapes it cannot take) or 'auto' (the kernel on GPU/TPU, xla on CPU).
   """
 
   SECTION: ClassVar[str] = "sampler"
@@ -35,6 +44,10 @@ class SamplingSpec(Spec):
   top_p: float = field(1.0, gt=0, le=1, allowed="(1 = off)")
   slots: int = field(0, ge=0, allowed="(0 = one per rollout)")
   chunk_steps: int = field(16, ge=1)
+  paged: bool = field(False)
+  page_size: int = field(16, ge=1)
+  num_pages: int = field(0, ge=0, allowed="(0 = every slot at full length)")
+  attention: str = field("auto", choices=("auto", "xla", "pallas"))
 
   def with_overrides(self, temperature: float | None = None,
                      top_p: float | None = None) -> SamplingSpec:

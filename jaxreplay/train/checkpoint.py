@@ -435,6 +435,8 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 # change like any other.
 BEHAVES_AS_ABSENT = {"rollout.behaviour_logprobs": "sampler", "eval.batch_rows": 1024,
                      "sampler.slots": 0, "sampler.chunk_steps": 16,
+                     "sampler.paged": False, "sampler.page_size": 16, "sampler.num_pages": 0,
+                     "sampler.attention": "auto",
                      "algo.pack_sequences": False,
                      # optional model keys before the model spec stated them (absent = off)
                      "model.scan_layers": False, "model.remat": "none",

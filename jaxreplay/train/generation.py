@@ -221,7 +221,9 @@ def generate_rollouts(src: RolloutSource, params, position: int, key, version: i
                  max_new_tokens=samp.max_new_tokens, temperature=samp.temperature,
                  top_k=samp.top_k, top_p=samp.top_p, eos_ids=io.eos_ids,
                  pad_id=io.pad_id, mesh=mesh, group_size=g, slots=samp.slots,
-                 chunk_steps=samp.chunk_steps, version=version, weights=weights)
+                 chunk_steps=samp.chunk_steps, version=version, weights=weights,
+                 paged=samp.paged, page_size=samp.page_size, num_pages=samp.num_pages,
+                 attention=samp.attention)
   # Rollout rows: prompt r // G's tokens beside completion r (the engine's request order).
   toks, mask = np.repeat(prompt_toks, g, 0), np.repeat(prompt_mask, g, 0)
   # Every process reads the whole generation (gathered across processes), so each decodes,
