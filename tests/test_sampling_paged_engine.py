@@ -79,6 +79,7 @@ def contiguous(request, policy, prompts):
   return request.param, run(policy, prompts, request.param)
 
 
+@pytest.mark.numerics
 def test_paged_equals_contiguous(policy, prompts, contiguous):
   temperature, ref = contiguous
   out = run(policy, prompts, temperature, paged=True, page_size=PAGE)
@@ -95,6 +96,7 @@ def test_paged_equals_contiguous(policy, prompts, contiguous):
   assert ref[5].kv_bytes_held == SLOTS * (P_WIDTH + M) * POSITION_BYTES
 
 
+@pytest.mark.numerics
 def test_pool_too_small_for_all_slots_waits(policy, prompts, contiguous):
   """9 pages: one request at full length (8 pages) at a time, the longest prompt's."""
   temperature, ref = contiguous
@@ -106,6 +108,7 @@ def test_pool_too_small_for_all_slots_waits(policy, prompts, contiguous):
   assert stats.inserts > ref[5].inserts  # requests entered as others released their pages
 
 
+@pytest.mark.numerics
 def test_in_flight_weight_swap(policy, prompts):
   """Version 1 replaces version 0 before the third decode chunk: the paged slots are
   re-prefilled into their pages (a shared prompt page once) as the contiguous ones are."""
@@ -128,6 +131,7 @@ def test_in_flight_weight_swap(policy, prompts):
   assert_pool_empty(out[5], SLOTS * 8)
 
 
+@pytest.mark.numerics
 def test_peak_pages_of_one_group_by_hand(policy, prompts):
   """Prompt 3 (5 positions) × G = 2 on 2 slots, both forced to 8 tokens in one chunk of 8:
   the insert maps 1 shared page + 1 private last page per slot (3 pages); the chunk's
