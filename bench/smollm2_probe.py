@@ -4,8 +4,8 @@ Loads the model and its tokenizer through ``jaxreplay.models.gguf``, then:
 
 1. Accuracy: for a few easy reasoning-gym tasks, held-out questions are wrapped in the
    ChatML template after a system prompt asking for a ``\\boxed{}`` answer, answered with
-   ``jaxreplay.sampling.generate`` (T=1 sampled and greedy, ``--max-new-tokens`` >= 128)
-   and graded by jaxreplay's math reward (``answer_extraction='math'``:
+   ``jaxreplay.sampling.generate`` (sampled at ``--temperature``, default 1, and greedy;
+   ``--max-new-tokens`` >= 128) and graded by jaxreplay's math reward (``answer_extraction='math'``:
    ``math_answer.verify_answer``). The aim: a task solved 20-60 % of the time sampled, for
    an RL preset.
 2. Timings: decode tokens/s and seconds per 16 x 128 sampling (every row forced to 128
@@ -73,6 +73,19 @@ TASKS = {
                                         max_instances=30)),
     "legs_2kinds": ("leg_counting", dict(min_animals=2, max_animals=2, min_instances=1,
                                          max_instances=3)),
+    # one-step linear equations ("x + 12 = 30"), and with a coefficient ("3*x - 4 = 20")
+    "equation_add": ("simple_equations", dict(min_terms=2, max_terms=2, min_value=1,
+                                              max_value=30, operators=("+", "-"),
+                                              operators_weights=[0.5, 0.5])),
+    "equation_mul": ("simple_equations", dict(min_terms=2, max_terms=2, min_value=1,
+                                              max_value=10, operators=("+", "-", "*"),
+                                              operators_weights=[0.3, 0.3, 0.4])),
+    # the next term of a simple sequence ("3, 6, 9, 12, ?")
+    "sequence": ("number_sequence", dict(min_terms=4, max_terms=5, min_value=-20, max_value=30,
+                                         max_complexity=1)),
+    # least common multiple / greatest common divisor of two small numbers
+    "lcm_small": ("lcm", dict(min_numbers=2, max_numbers=2, min_value=2, max_value=12)),
+    "gcd_small": ("gcd", dict(min_numbers=2, max_numbers=2, min_value=2, max_value=40)),
 }
 # countdown-style targets are left out: graded by value (math-verify), "17" would score as
 # well as an expression that reaches 17 from the given numbers.
@@ -80,15 +93,16 @@ CANDIDATES = "sum_3digit,chain_2digit,products_2digit,mixed_ops"
 
 
 def accuracy(graphdef, params, tok, name, spec, *, questions, max_new_tokens, prompt_width,
-             seed=0, train_size=2000):
-  """Sampled (T=1) and greedy accuracy of the model on ``questions`` held-out items, graded
-  three ways: the math reward (``answer_extraction='math'``), strictly (the last
+             seed=0, train_size=2000, system=SYSTEM, temperature=1.0):
+  """Sampled (at ``temperature``) and greedy accuracy of the model on ``questions`` held-out
+  items, graded three ways: the math reward (``answer_extraction='math'``), strictly (the last
   ``\\boxed{}`` only: ``math_answer.verify_boxed``) and leniently (the last number, any
   format: ``math_answer.verify_last_number``).
 
   Args:
     spec: (reasoning-gym dataset, options) from ``TASKS``. train_size: the train split the
-      held-out questions are deduplicated against (as a preset's would be).
+      held-out questions are deduplicated against (as a preset's would be). system: the
+      system turn ("" = none). temperature: the sampled pass's T.
 
   Returns:
     dict: task, accuracies (fractions) per pass and grade (``sampled``, ``sampled_strict``,
@@ -101,8 +115,8 @@ def accuracy(graphdef, params, tok, name, spec, *, questions, max_new_tokens, pr
                                  heldout_size=questions + 64, kwargs=kwargs,
                                  answer_extraction="math")
   exs = task.heldout[:questions]
-  chats = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": e.prompt}]
-           for e in exs]
+  sys_turn = [{"role": "system", "content": system}] if system else []
+  chats = [sys_turn + [{"role": "user", "content": e.prompt}] for e in exs]
   tokens, mask, keep = tok.encode_chats(chats, prompt_width)
   assert keep.all(), f"{name}: a prompt is longer than {prompt_width} tokens"
   golds = [str(e.answer) for e in task.heldout]
@@ -111,7 +125,7 @@ def accuracy(graphdef, params, tok, name, spec, *, questions, max_new_tokens, pr
          "mode_baseline": max(map(golds.count, set(golds))) / len(golds),
          "distinct_heldout": len({e.prompt for e in task.heldout}),
          "distinct_train": len({e.prompt for e in task.train})}
-  for label, temp in (("sampled", 1.0), ("greedy", 0.0)):
+  for label, temp in (("sampled", temperature), ("greedy", 0.0)):
     t = time.perf_counter()
     g = generate(graphdef, params, tokens, mask, jax.random.key(seed), max_new_tokens=max_new_tokens,
                  temperature=temp, eos_ids=tok.stop_ids, pad_id=tok.pad_id)
@@ -183,6 +197,9 @@ def main(argv=None):
   ap.add_argument("--tasks", default=",".join(TASKS))
   ap.add_argument("--only-timing", action="store_true")
   ap.add_argument("--no-timing", action="store_true")
+  ap.add_argument("--system", default=SYSTEM, help="the system turn ('' = none; default: "
+                  "configs/smollm2_135m.py's)")
+  ap.add_argument("--temperature", type=float, default=1.0, help="the sampled pass's T")
   ap.add_argument("--out", default="")
   args = ap.parse_args(argv)
   t = time.perf_counter()
@@ -201,7 +218,8 @@ def main(argv=None):
     for name in args.tasks.split(","):
       try:
         r = accuracy(graphdef, params, tok, name, TASKS[name], questions=args.questions,
-                     max_new_tokens=args.max_new_tokens, prompt_width=args.prompt_width)
+                     max_new_tokens=args.max_new_tokens, prompt_width=args.prompt_width,
+                     system=args.system, temperature=args.temperature)
       except ValueError as e:  # e.g. too few distinct questions for a disjoint held-out split
         print(f"{name:16s} skipped: {e}", flush=True)
         continue

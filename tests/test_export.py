@@ -42,9 +42,10 @@ def trained(tmp_path_factory, base_policy_cache):
 
 
 @pytest.mark.slow
-def test_export_matches_jaxreplay_greedy_and_logits(trained, tmp_path):
+def test_export_matches_jaxreplay_greedy_and_logits(trained, tmp_path, capsys):
   out = str(tmp_path / "hf")
-  r = export.export(trained.workdir, out)
+  # python -m jaxreplay.export ... --verify 3: the export, and the check a user runs on it
+  r = export.main(["--workdir", trained.workdir, "--out", out, "--verify", "3"])
   assert r["step"] == 2 and r["source"] == "builtin"
   # the run keeps its tokenizer beside its checkpoints: the export needs no warm-start cache
   assert os.path.exists(os.path.join(trained.workdir, "tokenizer.json"))
@@ -63,6 +64,14 @@ def test_export_matches_jaxreplay_greedy_and_logits(trained, tmp_path):
   g = generate(job.graphdef, carry.state.params, toks, mask, jax.random.key(0),
                max_new_tokens=M, temperature=0.0, eos_ids=job.io.eos_ids, pad_id=job.io.pad_id)
   gen_tokens, gen_mask = np.asarray(g.tokens), np.asarray(g.mask)
+  texts = job.io.decode(gen_tokens, gen_mask)
+  v = r["verify"]
+  assert v["step"] == 2 and v["n"] == 3 == v["equal"]
+  for row, e, text in zip(v["rows"], examples, texts):
+    assert (row["question"], row["gold"], row["jaxreplay"]) == (e.prompt, e.answer, text)
+    assert row["reward"] == job.task.reward(text, e) and row["first_diff"] is None
+  assert capsys.readouterr().out.splitlines()[-1] == (
+      "verify: 3 of 3 greedy continuations equal token for token")
   ours_model = nnx.merge(job.graphdef, carry.state.params)
   for i, e in enumerate(examples):
     prompt = [int(t) for t, m in zip(toks[i], mask[i]) if m]
@@ -154,29 +163,6 @@ def test_a_model_without_hugging_face_equivalent_names_the_field():
     export.hf_weights(cfg, params=None)
 
 
-def _greedy_pairs(job, params, examples, tok, model, max_new_tokens):
-  """(jaxreplay's, transformers') greedy completion token lists of each example, both
-  prompted through the checkpoint's chat template."""
-  toks, mask, _ = job.io.prompts(examples)
-  g = generate(job.graphdef, params, toks, mask, jax.random.key(0),
-               max_new_tokens=max_new_tokens, temperature=0.0, eos_ids=job.io.eos_ids,
-               pad_id=job.io.pad_id)
-  pairs = []
-  for i, e in enumerate(examples):
-    prompt = [int(t) for t, m in zip(toks[i], mask[i]) if m]
-    system = ([{"role": "system", "content": job.io.system_prompt}]
-              if getattr(job.io, "system_prompt", "") else [])
-    chat = tok.apply_chat_template(system + [{"role": "user", "content": e.prompt}],
-                                   add_generation_prompt=True, tokenize=True)
-    chat = list(chat["input_ids"] if not isinstance(chat, list) else chat)
-    assert chat == prompt, e.prompt
-    out = model.generate(torch.tensor([chat]), max_new_tokens=max_new_tokens, do_sample=False,
-                         attention_mask=torch.ones(1, len(chat), dtype=torch.long))
-    ours = [int(t) for t, m in zip(np.asarray(g.tokens[i]), np.asarray(g.mask[i])) if m]
-    pairs.append((ours, out[0, len(chat):].tolist()[:len(ours)]))
-  return pairs
-
-
 def qwen_checkpoint(directory):
   """A tiny random Qwen2 with a ChatML byte-level BPE whose normalizer and pre-tokenizer are
   Qwen2.5's (transformers 5 rebuilds them for any qwen2 checkpoint, whatever tokenizer.json
@@ -216,8 +202,8 @@ def test_hf_checkpoint_trained_two_steps_exports(base_policy_cache, tmp_path):
   model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   assert model.config.model_type == "qwen2"
   job, carry = restore(c, log=_quiet)
-  for ours, theirs in _greedy_pairs(job, carry.state.params, job.task.heldout[:6], tok, model,
-                                    M):
+  for ours, theirs in export.greedy_pairs(job.graphdef, carry.state.params, job.io,
+                                          job.task.heldout[:6], tok, model, M):
     assert ours == theirs
 
 

@@ -77,7 +77,6 @@ def test_the_preset_exports_with_its_gguf_tokenizer(preset_run, tmp_path):
   pytest.importorskip("torch")
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   from jaxreplay import export
-  from test_export import _greedy_pairs
   c, _, kept = preset_run
   out = str(tmp_path / "hf")
   r = export.export(c.workdir, out)
@@ -85,7 +84,8 @@ def test_the_preset_exports_with_its_gguf_tokenizer(preset_run, tmp_path):
   tok = transformers.AutoTokenizer.from_pretrained(out)
   model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   job = kept["job"]
-  pairs = _greedy_pairs(job, kept["params"], job.task.heldout[:8], tok, model, M)
+  pairs = export.greedy_pairs(job.graphdef, kept["params"], job.io, job.task.heldout[:8], tok,
+                               model, M)
   assert len(pairs) == 8
   for ours, theirs in pairs:
     assert len(ours) >= 1 and ours == theirs
