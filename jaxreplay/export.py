@@ -1,7 +1,7 @@
 """A run's trained policy as a Hugging Face directory: ``python -m jaxreplay.export``.
 
     python -m jaxreplay.export --workdir runs/default --out exported [--step N | --best]
-                               [--dtype bfloat16] [--max-shard-mb 5000] [--verify 8]
+                               [--dtype bfloat16] [--max-shard-mb 5000]
 
 Writes ``config.json``, the weights (``model.safetensors``, or shards plus an index above
 ``--max-shard-mb``), ``generation_config.json`` (the run's stop ids and sampler settings)
@@ -465,118 +465,6 @@ def run_text_io(c, workdir: str):
                                  system_prompt=t.system_prompt, origin=path)
 
 
-def greedy_pairs(graphdef, params, io, examples, tok, model, max_new_tokens: int) -> list:
-  """jaxreplay's and transformers' greedy continuations of the same prompts.
-
-  jaxreplay generates from ``params`` (``sampling.generate`` at temperature 0, stopping at
-  the run's stop ids); transformers from the exported ``model``, its prompt rendered by the
-  exported tokenizer's chat template (one user turn after the run's system turn), or encoded
-  with its special tokens where the run used no template.
-
-  Args:
-    graphdef, params: the policy (``nnx.GraphDef``, ``nnx.State``). io: the run's ``TextIO``
-      (``run_text_io``). examples: task ``Example``s. tok, model: the exported directory's
-      ``AutoTokenizer`` and ``AutoModelForCausalLM`` (float32, eval mode).
-    max_new_tokens: M, the most tokens generated per prompt.
-
-  Returns:
-    one ``(ours, theirs)`` per example: token id lists, ``ours`` up to its first stop id
-    (the stop excluded, at most M), ``theirs`` cut to ``len(ours)``.
-
-  Raises:
-    ExportError: the exported tokenizer renders a prompt as other tokens than the run's.
-  """
-  import jax
-  import torch
-
-  from jaxreplay.sampling import generate
-  toks, mask, _ = io.prompts(examples)
-  g = generate(graphdef, params, toks, mask, jax.random.key(0), max_new_tokens=max_new_tokens,
-               temperature=0.0, eos_ids=io.eos_ids, pad_id=io.pad_id)
-  gen_tokens, gen_mask = np.asarray(g.tokens), np.asarray(g.mask)
-  system = getattr(io, "system_prompt", "")
-  pairs = []
-  for i, e in enumerate(examples):
-    prompt = [int(t) for t, m in zip(toks[i], mask[i]) if m]
-    if getattr(io, "chat", True) and tok.chat_template:
-      turns = ([{"role": "system", "content": system}] if system else []) + [
-          {"role": "user", "content": e.prompt}]
-      chat = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
-      chat = list(chat["input_ids"] if not isinstance(chat, list) else chat)
-    else:
-      chat = list(tok(e.prompt)["input_ids"])
-    if chat != prompt:
-      raise ExportError(f"the exported tokenizer renders held-out prompt {i} as "
-                        f"{len(chat)} tokens that differ from the run's {len(prompt)}")
-    out = model.generate(torch.tensor([chat]), max_new_tokens=max_new_tokens, do_sample=False,
-                         attention_mask=torch.ones(1, len(chat), dtype=torch.long))
-    ours = [int(t) for t, m in zip(gen_tokens[i], gen_mask[i]) if m]
-    pairs.append((ours, out[0, len(chat):].tolist()[:len(ours)]))
-  return pairs
-
-
-def verify(workdir: str, out: str, *, n: int = 8, max_new_tokens: int | None = None,
-           step: int | None = None, best: bool = False) -> dict:
-  """Checks an export against the run: greedy answers to held-out questions, both ways.
-
-  The checkpoint's policy (read as ``export`` reads it) and the exported directory loaded by
-  transformers each answer the first ``n`` held-out questions greedily (``greedy_pairs``);
-  jaxreplay's completions are graded by the run's reward.
-
-  Args:
-    workdir: the run directory. out: its export (``export``). n: held-out questions.
-    max_new_tokens: M (None: the run's ``sampler.max_new_tokens``).
-    step, best: the checkpoint the export was made from (as ``export``).
-
-  Returns:
-    {"step", "equal": questions whose continuations are equal token for token,
-    "n", "rows": [{"question", "gold", "jaxreplay", "transformers" (texts), "tokens",
-    "reward" (jaxreplay's completion), "equal" (bool), "first_diff" (index or None)}]}.
-
-  Raises:
-    ExportError: see ``locate``, ``policy_config``, ``read_params``, ``run_text_io`` and
-      ``greedy_pairs``; ``n`` < 1; transformers or torch not installed.
-  """
-  if n < 1:
-    raise ExportError(f"--verify {n}: the number of held-out questions must be at least 1")
-  try:
-    import transformers
-  except ImportError:
-    raise ExportError("--verify loads the export with transformers and torch: "
-                      "pip install transformers torch") from None
-  from jaxreplay.models.hf import abstract_model
-  from jaxreplay.tasks import make_task
-  from jaxreplay.train.policy import score
-  state_dir, step, tree = locate(workdir, step, best)
-  c = run_specs(tree)
-  cfg = policy_config(c)
-  params = read_params(state_dir, cfg, c.model.lora_spec())
-  graphdef, _ = abstract_model(cfg)
-  task = make_task(c.task)
-  io = run_text_io(c, workdir)
-  examples = list(task.heldout[:n])
-  m = max_new_tokens or c.sampler.max_new_tokens
-  tok = transformers.AutoTokenizer.from_pretrained(out)
-  model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-  pairs = greedy_pairs(graphdef, params, io, examples, tok, model, m)
-  ours_text = [io.decode(np.asarray([o], np.int32), np.ones((1, len(o)), bool))[0]
-               for o, _ in pairs]
-  try:
-    rewards, _ = score(task, ours_text, examples)
-  finally:
-    if getattr(task, "scorer", None) is not None:
-      task.scorer.close()
-  rows = []
-  for e, (ours, theirs), text, r in zip(examples, pairs, ours_text, rewards):
-    diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
-                None if len(theirs) == len(ours) else len(theirs))
-    rows.append({"question": e.prompt, "gold": e.answer, "jaxreplay": text,
-                 "transformers": tok.decode(theirs, skip_special_tokens=True),
-                 "tokens": len(ours), "reward": float(r), "equal": diff is None,
-                 "first_diff": diff})
-  return {"step": step, "n": len(rows), "equal": sum(r["equal"] for r in rows), "rows": rows}
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
   """The command line (module docstring); prints what it wrote and its size.
 
@@ -598,9 +486,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
                  help="shard the weights above this size")
   p.add_argument("--adapters", action="store_true",
                  help="a LoRA run's adapters alone, as a PEFT adapter directory")
-  p.add_argument("--verify", type=int, default=0, metavar="N",
-                 help="then load the export in transformers and compare its greedy answers "
-                      "to the first N held-out questions with jaxreplay's (needs torch)")
   a = p.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a host-side conversion: no accelerator
   from absl import logging
@@ -610,12 +495,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
   logging.set_verbosity(logging.ERROR)
   t0 = time.time()
   try:
-    if a.verify and a.adapters:
-      raise ExportError("--verify checks a merged export; drop --adapters")
     r = export(a.workdir, a.out, step=a.step, best=a.best, dtype=a.dtype,
                max_shard_mb=a.max_shard_mb, adapters=a.adapters)
-    if a.verify:
-      r["verify"] = verify(a.workdir, a.out, n=a.verify, step=r["step"])
   except ExportError as e:
     raise SystemExit(f"jaxreplay.export: {e}") from None
   finally:
@@ -624,14 +505,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
     print(f"  {name}  {size / 1e6:.2f} MB")
   print(f"exported step {r['step']} of {a.workdir} ({r['source']}) to {r['out']}: "
         f"{len(r['files'])} files, {r['bytes'] / 1e6:.1f} MB in {time.time() - t0:.1f}s")
-  if "verify" in r:
-    v = r["verify"]
-    for i, row in enumerate(v["rows"]):
-      same = "same" if row["equal"] else f"differ from token {row['first_diff']}"
-      print(f"  [{i}] {row['question']!r} gold {row['gold']!r} reward {row['reward']:g}\n"
-            f"      jaxreplay    {row['jaxreplay']!r}\n"
-            f"      transformers {row['transformers']!r}  ({row['tokens']} tokens, {same})")
-    print(f"verify: {v['equal']} of {v['n']} greedy continuations equal token for token")
   return r
 
 

@@ -99,10 +99,10 @@ def pytest_xdist_auto_num_workers(config):
   return max(1, min(os.cpu_count() or 1, 4))
 
 
-def load_bench(name: str):
-  """The module ``bench/NAME.py`` (bench/ is scripts, not a package)."""
+def load_bench(name: str, folder: str = "bench"):
+  """The module ``FOLDER/NAME.py`` (bench/ and tools/ are scripts, not packages)."""
   import importlib.util
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench",
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), folder,
                       name + ".py")
   spec = importlib.util.spec_from_file_location(name, path)
   mod = importlib.util.module_from_spec(spec)

@@ -20,8 +20,10 @@ from flax import nnx  # noqa: E402
 from jaxreplay import export  # noqa: E402
 from jaxreplay.models.transformer import TransformerConfig  # noqa: E402
 from jaxreplay.sampling import generate  # noqa: E402
-from conftest import (logprob_tol, restore, run, save_tiny_qwen2,  # noqa: E402
+from conftest import (load_bench, logprob_tol, restore, run, save_tiny_qwen2,  # noqa: E402
                       tiny_run_config)
+
+verify_export = load_bench("verify_export", folder="tools")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 M = 6  # tiny_run_config's sampler.max_new_tokens (configs/default.py)
@@ -44,8 +46,7 @@ def trained(tmp_path_factory, base_policy_cache):
 @pytest.mark.slow
 def test_export_matches_jaxreplay_greedy_and_logits(trained, tmp_path, capsys):
   out = str(tmp_path / "hf")
-  # python -m jaxreplay.export ... --verify 3: the export, and the check a user runs on it
-  r = export.main(["--workdir", trained.workdir, "--out", out, "--verify", "3"])
+  r = export.export(trained.workdir, out)
   assert r["step"] == 2 and r["source"] == "builtin"
   # the run keeps its tokenizer beside its checkpoints: the export needs no warm-start cache
   assert os.path.exists(os.path.join(trained.workdir, "tokenizer.json"))
@@ -65,7 +66,8 @@ def test_export_matches_jaxreplay_greedy_and_logits(trained, tmp_path, capsys):
                max_new_tokens=M, temperature=0.0, eos_ids=job.io.eos_ids, pad_id=job.io.pad_id)
   gen_tokens, gen_mask = np.asarray(g.tokens), np.asarray(g.mask)
   texts = job.io.decode(gen_tokens, gen_mask)
-  v = r["verify"]
+  # tools/verify_export.py --n 3: the check a user runs on an export
+  v = verify_export.main(["--workdir", trained.workdir, "--export", out, "--n", "3"])
   assert v["step"] == 2 and v["n"] == 3 == v["equal"]
   for row, e, text in zip(v["rows"], examples, texts):
     assert (row["question"], row["gold"], row["jaxreplay"]) == (e.prompt, e.answer, text)
@@ -202,7 +204,7 @@ def test_hf_checkpoint_trained_two_steps_exports(base_policy_cache, tmp_path):
   model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   assert model.config.model_type == "qwen2"
   job, carry = restore(c, log=_quiet)
-  for ours, theirs in export.greedy_pairs(job.graphdef, carry.state.params, job.io,
+  for ours, theirs in verify_export.greedy_pairs(job.graphdef, carry.state.params, job.io,
                                           job.task.heldout[:6], tok, model, M):
     assert ours == theirs
 

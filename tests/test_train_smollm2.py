@@ -76,7 +76,9 @@ def test_the_preset_exports_with_its_gguf_tokenizer(preset_run, tmp_path):
   transformers = pytest.importorskip("transformers")
   pytest.importorskip("torch")
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
+  from conftest import load_bench
   from jaxreplay import export
+  verify_export = load_bench("verify_export", folder="tools")
   c, _, kept = preset_run
   out = str(tmp_path / "hf")
   r = export.export(c.workdir, out)
@@ -84,8 +86,8 @@ def test_the_preset_exports_with_its_gguf_tokenizer(preset_run, tmp_path):
   tok = transformers.AutoTokenizer.from_pretrained(out)
   model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   job = kept["job"]
-  pairs = export.greedy_pairs(job.graphdef, kept["params"], job.io, job.task.heldout[:8], tok,
-                               model, M)
+  pairs = verify_export.greedy_pairs(job.graphdef, kept["params"], job.io,
+                                      job.task.heldout[:8], tok, model, M)
   assert len(pairs) == 8
   for ours, theirs in pairs:
     assert len(ours) >= 1 and ours == theirs
