@@ -447,22 +447,17 @@ def run_text_io(c, workdir: str):
       ``model.path`` no longer exists.
   """
   from jaxreplay import storage
-  from jaxreplay.models.hf_tokenizer import HFTokenizer
-  from jaxreplay.train.policy import HFTextIO, TextIO
+  from jaxreplay.train.build import checkpoint_text_io
+  from jaxreplay.train.policy import TextIO
   t = c.task
   if c.model.source == "builtin":
     return TextIO.create(_builtin_tokenizer(c, workdir), t.prompt_width, t.on_too_long)
   try:
-    path = storage.local_copy(c.model.path)
-    if c.model.source == "hf":
-      hf = HFTokenizer.from_pretrained(path)
-    else:
-      hf = HFTokenizer.from_gguf(path)
+    model = dataclasses.replace(c.model, path=storage.local_copy(c.model.path))
+    return checkpoint_text_io(model, t)
   except FileNotFoundError as e:
     raise ExportError(f"model.path={c.model.path!r}: the run's tokenizer is read from its "
                       f"starting checkpoint ({e})") from None
-  return HFTextIO.from_tokenizer(hf, t.prompt_width, t.on_too_long, chat=t.chat_template,
-                                 system_prompt=t.system_prompt, origin=path)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -10,13 +10,16 @@ import tempfile
 
 import pytest
 
-# XLA:CPU's elemental emitters (``--xla_cpu_use_fusion_emitters=false``) compile the suite's
-# programs about a fifth faster than the default fusion emitters and run them as fast
-# (test_lora.py alone 70.8 s against 89.8 s; the learning run's 120 steps 70 s against 72 s
-# with the same metrics; 2-core dev machine, 2026-12-05). .ci/run's numerics tier sets its own
-# XLA_FLAGS and so compiles with the default emitters: the floating-point comparisons are
+# The suite's programs are small and most are compiled once, so compiling is most of its time:
+# LLVM's optimisation level 0 (``--xla_backend_optimization_level=0``) and XLA:CPU's elemental
+# emitters (``--xla_cpu_use_fusion_emitters=false``) compile them faster. On the 2-core dev
+# machine (2026-12-05, two workers; per file, the summed durations) the suite took 668 s with
+# both against 917 s with the emitters alone; test_learner_packing.py 39 s against 101 s, test_lora.py 45 s against
+# 92 s; the runs that compute more than they compile are slower, test_train_e2e.py 285 s
+# against 243 s and test_train_smollm2.py 181 s against 136 s. .ci/run's numerics tier sets
+# its own XLA_FLAGS and so compiles with XLA's defaults: the floating-point comparisons are
 # checked under both. An XLA_FLAGS set by the user is kept as it is.
-TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0"
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {TEST_XLA_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # glibc writes why it aborts (a heap check, an assertion) to the terminal, which a pytest-xdist

@@ -98,3 +98,29 @@ def test_qwen_preset_runs_on_a_tiny_checkpoint(tmp_path):
   assert 0 < first["behaviour_max_abs_log_ratio"] < 0.5
   assert first["behaviour_kl_sampler"] > 0
   assert 0.0 <= first["reward"] <= 1.0
+
+
+def test_checkpoint_text_io_reads_the_checkpoints_tokenizer(tmp_path):
+  """``train.build.checkpoint_text_io`` (the trainer's and the export check's prompt encoder)
+  encodes chat prompts as ``HFTextIO.from_pretrained`` of the same directory does, and names
+  the field when the source has no checkpoint tokenizer."""
+  import dataclasses
+  from jaxreplay.models.spec import ModelSpec
+  from jaxreplay.tasks.base import Example
+  from jaxreplay.tasks.spec import TaskSpec
+  from jaxreplay.train.build import checkpoint_text_io
+  make_checkpoint(str(tmp_path))
+  task = dataclasses.replace(TaskSpec(), prompt_width=48, chat_template=True,
+                             system_prompt="Reason, then box the answer.")
+  io = checkpoint_text_io(dataclasses.replace(ModelSpec(), source="hf", path=str(tmp_path)),
+                          task)
+  ref = HFTextIO.from_pretrained(str(tmp_path), 48, chat=True,
+                                 system_prompt="Reason, then box the answer.")
+  examples = [Example(prompt="What is 3 + 4?", answer="7"),
+              Example(prompt="Tom has 2 eggs and buys 5 more. How many?", answer="7")]
+  for ours, theirs in zip(io.prompts(examples), ref.prompts(examples)):
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+  tokens, mask, _ = io.prompts(examples)
+  assert np.asarray(tokens).shape == (2, 48) and np.asarray(mask).sum() > 10
+  with pytest.raises(ValueError, match="model.source='builtin'"):
+    checkpoint_text_io(ModelSpec(), task)

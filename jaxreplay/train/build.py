@@ -143,6 +143,34 @@ class Run:
     return self.train.is_async
 
 
+def checkpoint_text_io(model: ModelSpec, task_spec: TaskSpec) -> HFTextIO:
+  """The prompt encoder of a pretrained checkpoint, from its tokenizer alone.
+
+  Args:
+    model: ``model.source`` ``hf`` (``tokenizer.json`` and its configs in the directory
+      ``model.path``) or ``gguf`` (the tokenizer and chat template in the file's metadata);
+      ``model.path`` local. task_spec: prompt width, overflow rule, chat template, system turn.
+
+  Returns:
+    ``HFTextIO``: ``prompts(examples)`` gives (tokens [B, P] int32, mask [B, P] bool,
+    keep [B] bool), left-padded.
+
+  Raises:
+    FileNotFoundError: the tokenizer's files are missing. ValueError: ``task.chat_template``
+      without a chat template in the checkpoint, or ``model.source`` is ``builtin``.
+  """
+  if model.source == "hf":
+    hf = HFTokenizer.from_pretrained(model.path)
+  elif model.source == "gguf":
+    hf = HFTokenizer.from_gguf(model.path)
+  else:
+    raise ValueError(f"model.source={model.source!r}: a checkpoint's tokenizer needs 'hf' or "
+                     f"'gguf' (the builtin tokenizer is trained with the warm start)")
+  return HFTextIO.from_tokenizer(hf, task_spec.prompt_width, task_spec.on_too_long,
+                                 chat=task_spec.chat_template,
+                                 system_prompt=task_spec.system_prompt, origin=model.path)
+
+
 def load_policy(model: ModelSpec, task_spec: TaskSpec, warmstart: WarmstartSpec, task, *,
                 seed: int, max_new_tokens: int, log=print, mesh=None, progress: bool = False):
   """The starting policy and its text I/O, by ``model.source``.
@@ -177,9 +205,7 @@ def load_policy(model: ModelSpec, task_spec: TaskSpec, warmstart: WarmstartSpec,
     # local files); local paths and package: paths are read in place.
     model = dataclasses.replace(model, path=storage.local_copy(model.path))
   if model.source == "hf":
-    io = HFTextIO.from_pretrained(model.path, task_spec.prompt_width, task_spec.on_too_long,
-                                  chat=task_spec.chat_template,
-                                  system_prompt=task_spec.system_prompt)
+    io = checkpoint_text_io(model, task_spec)
     with phase("model load", enabled=progress, log=log):
       _, graphdef, params = hf_models.from_pretrained(model.path, mesh=mesh, dtype=model.dtype,
                                                       param_dtype=model.param_dtype,
@@ -189,9 +215,7 @@ def load_policy(model: ModelSpec, task_spec: TaskSpec, warmstart: WarmstartSpec,
     return io, graphdef, params, {"path": os.path.abspath(model.path), "cached": True}
   if model.source == "gguf":
     from jaxreplay.models import gguf as gguf_models
-    io = HFTextIO.from_tokenizer(HFTokenizer.from_gguf(model.path), task_spec.prompt_width,
-                                 task_spec.on_too_long, chat=task_spec.chat_template,
-                                 system_prompt=task_spec.system_prompt, origin=model.path)
+    io = checkpoint_text_io(model, task_spec)
     with phase("model load and conversion", enabled=progress, log=log):
       _, graphdef, params = gguf_models.from_pretrained(model.path, mesh=mesh, dtype=model.dtype,
                                                         param_dtype=model.param_dtype,
