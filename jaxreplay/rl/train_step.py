@@ -427,17 +427,76 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
       trace time).
   """
   spec = fit_to_policy(graphdef, AlgoSpec.from_config(algo))
-  n_updates = spec.updates_per_step
   grad_fn = make_grad_fn(graphdef, spec, temperature, top_k, top_p)
-  # The gradient-free passes over the whole batch (reference, proximal policy, start
-  # values) run one micro-batch at a time when gradients are accumulated: with
-  # accumulation the whole batch's activations are assumed not to fit.
-  n_chunks = spec.num_minibatches * spec.grad_accum_steps if spec.grad_accum_steps > 1 else 1
+  forward = _make_forward(graphdef, spec, temperature, top_k, top_p)
+  by_micro_batch = _micro_batch_map(spec)
 
+  def train_step(state: TrainState, batch: Rollout, weights=None, staleness=None, plan=None):
+    b = batch.rewards.shape[0]
+    _check_batch(spec, state, b)
+    weights = jnp.ones((b,), jnp.float32) if weights is None else weights
+    if staleness is None:
+      staleness = state.step - batch.policy_version
+    staleness = staleness.astype(jnp.int32)
+    # --- gradient-free passes over the whole batch: reference, proximal policy, values ---
+    prox, ref, v_start = _gradient_free_passes(spec, forward, by_micro_batch, state, batch,
+                                               plan)
+    data = (batch, weights, staleness, prox, ref, v_start)
+    # --- update_epochs × num_minibatches optimizer steps (LoRA: the adapters alone) -------
+    adapters, frozen = split_adapters(state.params)
+    trainable = adapters if not spec.uses_value_head else (adapters, state.value_params)
+    idx = jnp.tile(jnp.arange(b).reshape(spec.num_minibatches, -1), (spec.update_epochs, 1))
+    plans = None if plan is None else jax.tree.map(
+        lambda x: jnp.tile(x, (spec.update_epochs,) + (1,) * (x.ndim - 1)), plan)
+    (trainable, opt_state, skipped), (per_update, norms) = jax.lax.scan(
+        _make_update(spec, grad_fn, optimizer, data, frozen),
+        (trainable, state.opt_state, state.skipped), (idx, plans))
+    # --- the batch's metrics and the next policy version ----------------------------------
+    metrics = diagnostics.combine_updates(per_update, spec.update_epochs, norms)
+    # An ESS over rows is no weighted mean of the minibatches' ESS; it does not depend on
+    # the parameters, so it is taken over the whole batch.
+    w_b = item_weights(spec, weights, staleness)[1]
+    metrics["ess_sample_weights"] = diagnostics.effective_sample_size(
+        w_b, jnp.ones(w_b.shape, bool))
+    params, value_params = trainable if spec.uses_value_head else (trainable, state.value_params)
+    state = state.replace(params=join_adapters(params, frozen), value_params=value_params,
+                          opt_state=opt_state, step=state.step + 1, skipped=skipped)
+    return state, metrics
+
+  jitted = jax.jit(train_step, donate_argnums=(0,))
+  return _with_packing(jitted, spec) if spec.pack_sequences else jitted
+
+
+def _check_batch(spec: AlgoSpec, state: TrainState, b: int):
+  """Raises ``make_train_step``'s trace-time ValueErrors: B rows that do not split into
+  minibatches and micro-batches, or a value head / reference the algorithm needs and the
+  state lacks."""
+  if b % spec.num_minibatches:
+    raise ValueError(f"train.batch_size={b} must be divisible by "
+                     f"algo.num_minibatches={spec.num_minibatches}")
+  if (b // spec.num_minibatches) % spec.grad_accum_steps:
+    raise ValueError(f"the minibatch train.batch_size / algo.num_minibatches = "
+                     f"{b // spec.num_minibatches} must be divisible by "
+                     f"algo.grad_accum_steps={spec.grad_accum_steps}")
+  if spec.uses_value_head and state.value_params is None:
+    raise ValueError("algo.advantage='gae' needs TrainState.value_params "
+                     "(build the state with init_train_state)")
+  if spec.uses_reference and state.ref_params is None:
+    raise ValueError("algo.kl_coef > 0 needs TrainState.ref_params "
+                     "(build the state with init_train_state)")
+
+
+def _micro_batch_map(spec: AlgoSpec) -> Callable:
+  """``by_micro_batch(fn, batch, plan)``: ``fn(rows, plan_step)`` over a whole batch, its
+  outputs row-aligned with ``batch``. Packed (``plan``): each minibatch's packed steps one
+  at a time (``packing.merge_steps`` back to rows). Unpacked: the whole batch at once, or,
+  with gradient accumulation, num_minibatches × grad_accum_steps micro-batches one at a
+  time (with accumulation the whole batch's activations are assumed not to fit)."""
   n_mb, n_acc = spec.num_minibatches, spec.grad_accum_steps
+  n_chunks = n_mb * n_acc if n_acc > 1 else 1
 
   def by_micro_batch(fn, batch, plan):
-    if plan is not None:  # each minibatch's packed steps, one at a time
+    if plan is not None:
       def minibatch(a):
         rows, plan_m = a
         return packing.merge_steps(jax.lax.map(lambda p: fn(rows, p), plan_m), plan_m)
@@ -449,78 +508,62 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     return merge_micro_batches(jax.lax.map(lambda mb: fn(mb, None),
                                            micro_batches(batch, n_chunks)))
 
-  forward = _make_forward(graphdef, spec, temperature, top_k, top_p)
+  return by_micro_batch
 
-  def train_step(state: TrainState, batch: Rollout, weights=None, staleness=None, plan=None):
-    b = batch.rewards.shape[0]
-    if b % spec.num_minibatches:
-      raise ValueError(f"train.batch_size={b} must be divisible by "
-                       f"algo.num_minibatches={spec.num_minibatches}")
-    if (b // spec.num_minibatches) % spec.grad_accum_steps:
-      raise ValueError(f"the minibatch train.batch_size / algo.num_minibatches = "
-                       f"{b // spec.num_minibatches} must be divisible by "
-                       f"algo.grad_accum_steps={spec.grad_accum_steps}")
-    if spec.uses_value_head and state.value_params is None:
-      raise ValueError("algo.advantage='gae' needs TrainState.value_params "
-                       "(build the state with init_train_state)")
-    if spec.uses_reference and state.ref_params is None:
-      raise ValueError("algo.kl_coef > 0 needs TrainState.ref_params "
-                       "(build the state with init_train_state)")
-    weights = jnp.ones((b,), jnp.float32) if weights is None else weights
-    if staleness is None:
-      staleness = state.step - batch.policy_version
-    staleness = staleness.astype(jnp.int32)
-    ref = prox = v_start = None
-    if spec.uses_reference:
-      ref, _, _ = by_micro_batch(lambda mb, p: forward(state.ref_params, None, mb, p), batch,
-                                 plan)
-      ref = sg(ref)
-    if n_updates > 1 and (spec.loss == "decoupled" or spec.uses_value_head):
-      prox, _, v_start = jax.tree.map(sg, by_micro_batch(
-          lambda mb, p: forward(state.params, state.value_params, mb, p), batch, plan))
-    data = (batch, weights, staleness, prox, ref, v_start)
-    # With LoRA only the adapters are trained; the frozen rest rides outside the scan.
-    adapters, frozen = split_adapters(state.params)
-    trainable = adapters if not spec.uses_value_head else (adapters, state.value_params)
-    idx = jnp.tile(jnp.arange(b).reshape(spec.num_minibatches, -1), (spec.update_epochs, 1))
-    plans = None if plan is None else jax.tree.map(
-        lambda x: jnp.tile(x, (spec.update_epochs,) + (1,) * (x.ndim - 1)), plan)
 
-    def one_update(carry, xs):
-      idx_m, plan_m = xs
-      trainable, opt_state, skipped = carry
-      mb = jax.tree.map(lambda x: x[idx_m], data)
-      (loss, metrics), grads = grad_fn(trainable, *mb, plan_m, frozen)
-      gnorm = optax.tree.norm(grads)
-      finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-      updates, new_opt = optimizer.update(grads, opt_state, trainable)
-      new_trainable = optax.apply_updates(trainable, updates)
-      keep = lambda new, old: jax.tree.map(lambda a, c: jnp.where(finite, a, c), new, old)
-      metrics.update(loss=loss, grad_norm=gnorm, skipped_update=(~finite).astype(jnp.float32))
-      batch_m = mb[0]
-      norm = losses.aggregate_normaliser(
-          losses.loss_mask(batch_m.completion_mask, batch_m.truncated, spec.mask_truncated),
-          spec.aggregation)
-      return (keep(new_trainable, trainable), keep(new_opt, opt_state),
-              skipped + (~finite).astype(jnp.int32)), (metrics, norm)
+def _gradient_free_passes(spec: AlgoSpec, forward, by_micro_batch, state: TrainState,
+                          batch: Rollout, plan):
+  """The whole batch's log-probs and values at the step's start, gradients stopped:
+  (prox [B, T] | None, ref [B, T] | None, v_start [B, T] | None). ``ref`` under the frozen
+  reference (the KL term); ``prox`` and ``v_start`` under the step's starting parameters
+  when it takes several optimizer steps: the decoupled loss's proximal policy (Hilton et al.
+  2022, arXiv 2110.00641) and the values that the GAE advantages and PPO's value clipping
+  hold fixed across those steps."""
+  ref = prox = v_start = None
+  if spec.uses_reference:
+    ref, _, _ = by_micro_batch(lambda mb, p: forward(state.ref_params, None, mb, p), batch,
+                               plan)
+    ref = sg(ref)
+  if spec.updates_per_step > 1 and (spec.loss == "decoupled" or spec.uses_value_head):
+    prox, _, v_start = jax.tree.map(sg, by_micro_batch(
+        lambda mb, p: forward(state.params, state.value_params, mb, p), batch, plan))
+  return prox, ref, v_start
 
-    (trainable, opt_state, skipped), (per_update, norms) = jax.lax.scan(
-        one_update, (trainable, state.opt_state, state.skipped), (idx, plans))
-    metrics = diagnostics.combine_updates(per_update, spec.update_epochs, norms)
-    # An ESS over rows is no weighted mean of the minibatches' ESS; it does not depend on
-    # the parameters, so it is taken over the whole batch.
-    w_b = item_weights(spec, weights, staleness)[1]
-    metrics["ess_sample_weights"] = diagnostics.effective_sample_size(
-        w_b, jnp.ones(w_b.shape, bool))
-    params, value_params = trainable if spec.uses_value_head else (trainable, state.value_params)
-    params = join_adapters(params, frozen)
-    state = state.replace(params=params, value_params=value_params, opt_state=opt_state,
-                          step=state.step + 1, skipped=skipped)
-    return state, metrics
 
-  jitted = jax.jit(train_step, donate_argnums=(0,))
-  if not spec.pack_sequences:
-    return jitted
+def _make_update(spec: AlgoSpec, grad_fn, optimizer: optax.GradientTransformation, data,
+                 frozen) -> Callable:
+  """The ``lax.scan`` body of one optimizer step on one minibatch.
+
+  ``(trainable, opt_state, skipped), (idx [B / num_minibatches] int32, plan | None)`` →
+  (the new carry, (metrics, the minibatch's loss normaliser)). A step whose loss or gradient
+  norm is not finite leaves parameters and optimizer state as they were and counts in
+  ``skipped``.
+  """
+  def one_update(carry, xs):
+    idx_m, plan_m = xs
+    trainable, opt_state, skipped = carry
+    mb = jax.tree.map(lambda x: x[idx_m], data)
+    (loss, metrics), grads = grad_fn(trainable, *mb, plan_m, frozen)
+    gnorm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+    updates, new_opt = optimizer.update(grads, opt_state, trainable)
+    new_trainable = optax.apply_updates(trainable, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, c: jnp.where(finite, a, c), new, old)
+    metrics.update(loss=loss, grad_norm=gnorm, skipped_update=(~finite).astype(jnp.float32))
+    batch_m = mb[0]
+    norm = losses.aggregate_normaliser(
+        losses.loss_mask(batch_m.completion_mask, batch_m.truncated, spec.mask_truncated),
+        spec.aggregation)
+    return (keep(new_trainable, trainable), keep(new_opt, opt_state),
+            skipped + (~finite).astype(jnp.int32)), (metrics, norm)
+
+  return one_update
+
+
+def _with_packing(jitted, spec: AlgoSpec) -> Callable:
+  """The packed learner's entry point around the jitted step: plans a concrete batch's
+  packing on the host when the caller gives no ``plan`` (``make_train_step``'s Returns)."""
+  n_mb, n_acc = spec.num_minibatches, spec.grad_accum_steps
 
   def plan_batch(mask_bt: np.ndarray, multiple: int = 1) -> packing.PackPlan:
     return packing.plan_batch(mask_bt, n_mb, n_acc, multiple=multiple)

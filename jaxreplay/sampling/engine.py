@@ -3,7 +3,7 @@
 Requests are (prompt, sample) pairs: request r samples completion r % G of prompt r // G.
 The engine holds S slots, each a KV cache of C = P + M positions in which the prompt fills
 positions 0 .. len-1 (compacted to the left) and the completion follows. Between decode
-chunks the host loop
+chunks the host loop (``_HostLoop``, one method per step)
 
 1. **inserts** waiting requests into free slots: the distinct prompts among them are
    prefilled once, in one batch, and each prompt's keys and values are copied into the
@@ -645,6 +645,305 @@ def _refresh_writes(pool, length: np.ndarray, live: np.ndarray, width: int):
   return tuple(out)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Call:
+  """What one ``run`` call fixes: its prompts, shapes and sampling settings (``run``'s
+  arguments, validated, and what follows from them)."""
+  graphdef: nnx.GraphDef
+  cfg: object  # the policy's TransformerConfig
+  mesh: Mesh | None
+  aligned: np.ndarray  # [N, P] int32 prompts, real tokens first
+  plen: np.ndarray  # [N] int32 prompt lengths
+  n_req: int  # N·G requests
+  group_size: int  # G
+  m: int  # max_new_tokens
+  capacity: int  # C = P + M positions per slot
+  slots: int  # S at the start
+  steps: int  # k decode steps per chunk
+  shards: int  # the mesh's data × fsdp devices (slot counts are multiples of it)
+  min_slots: int  # the tail shrinks to no fewer slots
+  prefill_prompts: int
+  pad_id: int
+  eos_ids: tuple[int, ...]
+  temperature: float
+  top_k: int
+  top_p: float
+  key: jax.Array
+  forced: jax.Array | None  # [N·G] int32 forced lengths, placed
+  paged: bool
+  impl: str  # the decode attention ('xla' for the contiguous cache)
+  worst: np.ndarray | None  # [N] int pages of each prompt's request at full length
+  n_pages: int
+  page_size: int
+  table: int  # pages of one slot at full length
+
+  @classmethod
+  def make(cls, cfg, prompt_tokens, prompt_mask, key, *, max_new_tokens, temperature, eos_ids,
+           pad_id, top_k, top_p, group_size, slots, chunk_steps, mesh, forced_lengths,
+           prefill_prompts, paged, page_size, num_pages, attention, graphdef) -> "_Call":
+    """``run``'s arguments checked (its Raises) and the call's fixed quantities derived."""
+    toks = np.asarray(prompt_tokens)
+    mask = np.asarray(prompt_mask, bool)
+    n_prompts, p = toks.shape
+    if prefill_prompts < 1:
+      raise ValueError(f"prefill_prompts={prefill_prompts} must be >= 1")
+    if n_prompts and (mask.sum(-1) == 0).any():
+      raise ValueError("every prompt row needs at least one real token (prompt_mask all False)")
+    if forced_lengths is not None and not eos_ids:
+      raise ValueError("forced_lengths needs a stop id (eos_ids is empty)")
+    n_req = n_prompts * group_size
+    m = max_new_tokens
+    capacity = p + m
+    aligned, plen = _left_align(toks, mask, pad_id, p)
+    # Slots split over the batch axes: a multiple of their devices (extra slots start free).
+    shards = batch_shards(mesh)
+    s = -(-max(1, min(slots or n_req, n_req)) // shards) * shards
+    impl, worst, n_pages, table = "xla", None, 0, 0
+    if paged:
+      impl = paging.resolve_impl(attention, jax.default_backend())
+      if page_size < 1:
+        raise ValueError(f"sampler.page_size={page_size} must be >= 1")
+      table = paging.pages_for(capacity, page_size)
+      # the most pages one request holds: its prompt and M tokens
+      worst = -(-(plen.astype(np.int64) + m) // page_size)
+      n_pages = int(num_pages) or s * table
+      if num_pages < 0 or (n_prompts and n_pages < int(worst.max())):
+        raise ValueError(f"sampler.num_pages={num_pages} must be 0 or >= "
+                         f"{int(worst.max()) if n_prompts else 1} (one request at full length: "
+                         f"prompt + max_new_tokens positions in pages of {page_size})")
+    c = cls(graphdef=graphdef, cfg=cfg, mesh=mesh, aligned=aligned, plen=plen, n_req=n_req,
+            group_size=group_size, m=m, capacity=capacity, slots=s,
+            steps=max(1, min(chunk_steps, m)), shards=shards,
+            min_slots=-(-MIN_SLOTS // shards) * shards, prefill_prompts=prefill_prompts,
+            pad_id=pad_id, eos_ids=tuple(int(e) for e in eos_ids),
+            temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), key=key,
+            forced=None, paged=paged, impl=impl, worst=worst, n_pages=n_pages,
+            page_size=page_size, table=table)
+    forced = (None if forced_lengths is None
+              else c.place(np.clip(np.asarray(forced_lengths, np.int32), 1, m)))
+    key = key if mesh is None else multihost.to_global(key, NamedSharding(mesh, P()))
+    return dataclasses.replace(c, forced=forced, key=key)
+
+  def place(self, x):
+    """``x`` replicated over the mesh (as is without one)."""
+    return x if self.mesh is None else multihost.to_global(x, NamedSharding(self.mesh, P()))
+
+  def place_rows(self, x):
+    """``x`` split by rows over the batch axes: each device prefills its share."""
+    return x if self.mesh is None else multihost.to_global(
+        x, batch_sharding(self.mesh, x.ndim, x.shape[0]))
+
+
+@dataclasses.dataclass(eq=False)
+class _HostLoop:
+  """``run``'s state between decode chunks, advanced by one method per step of its loop.
+
+  The device holds the ``SlotState``; the host keeps what each of the S slots holds (free
+  or not, its length, its prompt's length, its request), the page pool (paged), the policy
+  and its version, and the next request to admit.
+  """
+  c: _Call
+  params: nnx.State
+  version: int
+  state: SlotState
+  pool: object  # paged.PagePool, or None for the contiguous cache
+  s: int
+  done: np.ndarray  # [S] bool: free (finished or never filled)
+  length: np.ndarray  # [S] int32 positions written
+  prompt_len: np.ndarray  # [S] int32
+  request: np.ndarray  # [S] int32 (N·G: none)
+  stats: EngineStats
+  next_req: int = 0
+  shapes: set = dataclasses.field(default_factory=set)  # (S, width) of the decode programs
+
+  @classmethod
+  def start(cls, c: _Call, params, version: int) -> "_HostLoop":
+    """Every slot free, the pool (paged) empty."""
+    cfg, s = c.cfg, c.slots
+    stats = EngineStats()
+    pool = None
+    if c.paged:
+      pool = paging.init_pool(c.n_pages, c.page_size, c.table, s)
+      stats.page_size = int(c.page_size)
+    else:
+      stats.kv_bytes_held = s * c.capacity * _kv_position_bytes(cfg)
+    state = _new_state(cfg, s, c.capacity, c.n_req, c.m, c.pad_id, c.mesh,
+                       *((pool.refcount.shape[0], c.page_size) if c.paged else ()))
+    return cls(c=c, params=params, version=int(version), state=state, pool=pool, s=s,
+               done=np.ones((s,), bool), length=np.zeros((s,), np.int32),
+               prompt_len=np.zeros((s,), np.int32), request=np.full((s,), c.n_req, np.int32),
+               stats=stats)
+
+  def pending(self) -> bool:
+    """Requests still to admit or to finish."""
+    return self.next_req < self.c.n_req or not self.done.all()
+
+  def fill_free_slots(self):
+    """Prefills the next requests into the free slots: at most ``prefill_prompts`` prompts
+    per insert (requests are ordered by prompt), and, paged, only as many as the pool's
+    free pages cover (``_admit``; the rest wait for finishing requests' pages)."""
+    c = self.c
+    free = np.flatnonzero(self.done)
+    while self.next_req < c.n_req and len(free):
+      last = min(c.n_req, self.next_req + len(free),
+                 (self.next_req // c.group_size + c.prefill_prompts) * c.group_size)
+      if c.paged:
+        last = self.next_req + _admit(
+            self.pool, np.arange(self.next_req, last) // c.group_size, c.worst,
+            c.plen // c.page_size, c.worst[self.request[~self.done] // c.group_size],
+            ~self.done)
+        if last == self.next_req:
+          break  # the pool is short: the requests wait for pages of finishing ones
+      reqs = np.arange(self.next_req, last)
+      self.next_req = last
+      self._insert(reqs, free[:len(reqs)])
+      free = free[len(reqs):]
+
+  def _insert(self, reqs: np.ndarray, slots: np.ndarray):
+    """One prefill: requests ``reqs`` [n] into the free slots ``slots`` [n], each of their
+    prompts prefilled once (the group's samples share it)."""
+    c = self.c
+    prompt_ids, source = np.unique(reqs // c.group_size, return_inverse=True)
+    w = min(c.aligned.shape[1], _pow2_at_least(int(c.plen[prompt_ids].max()), 16))
+    n_b = _pow2_at_least(len(prompt_ids), 1)
+    pr = np.full((n_b, w), c.pad_id, np.int32)
+    pr[:len(prompt_ids)] = c.aligned[prompt_ids, :w]
+    pl = np.ones((n_b,), np.int32)
+    pl[:len(prompt_ids)] = c.plen[prompt_ids]
+    fill = np.zeros((self.s,), bool)
+    fill[slots] = True
+    src = np.zeros((self.s,), np.int32)
+    src[slots] = source
+    rq = np.array(self.request, np.int32)
+    rq[slots] = reqs
+    writes = None
+    if c.paged:
+      self.pool, writes = _fill_pages(self.pool, slots, source, pl,
+                                      n_b * paging.pages_for(w, c.page_size) + self.s)
+      writes = tuple(map(c.place, writes))
+      self.stats.peak_pages = max(self.stats.peak_pages, c.n_pages - self.pool.num_free)
+    self.state = _insert(c.graphdef, self.params, self.state, c.place_rows(pr),
+                         c.place_rows(pl), *map(c.place, (fill, src, rq)), writes, mesh=c.mesh)
+    self.done[slots] = False
+    self.length[slots] = pl[source]
+    self.prompt_len[slots] = pl[source]
+    self.request[slots] = reqs
+    self.stats.inserts += 1
+    self.stats.prefill_rows += len(prompt_ids)
+    self.stats.prefill_tokens += len(prompt_ids) * w
+
+  def reserve_chunk(self):
+    """The chunk's attention width (``width_bucket`` of the longest slot + k) and, paged,
+    the pages its k steps write, taken now: (width, table_pages | None).
+
+    Raises:
+      RuntimeError: the pool cannot grow a slot (``_admit`` should have prevented it).
+    """
+    c = self.c
+    active = ~self.done
+    width = width_bucket(int(self.length[active].max()) + c.steps, c.capacity)
+    if not c.paged:
+      return width, None
+    for slot in np.flatnonzero(active):
+      self.pool, ok = paging.reserve(self.pool, slot, min(int(self.length[slot]) + c.steps,
+                                                          int(self.prompt_len[slot]) + c.m))
+      if not ok:  # _admit keeps every decoding request's full length in the pool
+        raise RuntimeError(f"page pool exhausted growing slot {slot}: admission bug")
+    self.stats.peak_pages = max(self.stats.peak_pages, c.n_pages - self.pool.num_free)
+    table_pages = paging.pages_for(width, c.page_size)
+    if c.impl != "xla":  # the GPU kernel splits the table into power-of-two partitions
+      table_pages = min(_pow2_at_least(table_pages, 1), c.table)
+    return width, table_pages
+
+  def maybe_swap_weights(self, weights):
+    """Asks ``weights`` (``run``'s argument) for a newer policy; with one, every decoding
+    slot is re-prefilled with it (``_refresh``) and later tokens record its version."""
+    if weights is None:
+      return
+    swap = weights()
+    if swap is None or int(swap[1]) == self.version:
+      return
+    c = self.c
+    self.params, self.version = swap[0], int(swap[1])
+    active = ~self.done
+    r_width = width_bucket(int(self.length[active].max()), c.capacity)
+    writes = None
+    if c.paged:
+      writes = tuple(map(c.place, _refresh_writes(self.pool, self.length, active, r_width)))
+    self.state = _refresh(c.graphdef, self.params, self.state, writes, width=r_width,
+                          mesh=c.mesh)
+    self.stats.swaps += 1
+
+  def decode_chunk(self, width: int, table_pages: int | None):
+    """k decode steps (``_decode_chunk``), then each slot's stop, length and request copied
+    to the host; a finished request's pages go back to the pool."""
+    c, st = self.c, self.stats
+    self.shapes.add((self.s, width))
+    self.state, ran, needed, read = _decode_chunk(
+        c.graphdef, self.params, self.state, c.key, c.forced, c.place(np.int32(self.version)),
+        None if self.pool is None else c.place(self.pool.page_indices[:, :table_pages]),
+        width=width, steps=c.steps, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+        eos_ids=c.eos_ids, mesh=c.mesh, impl=c.impl)
+    h = multihost.to_host({"done": self.state.done, "length": self.state.length, "ran": ran,
+                           "needed": needed, "request": self.state.request, "read": read})
+    ran = int(h["ran"])
+    st.chunks += 1
+    st.row_steps += self.s * ran
+    st.kv_needed += int(h["needed"])
+    if c.paged:
+      st.kv_read += int(h["read"])
+      st.kv_table_read += self.s * table_pages * c.page_size * ran
+    else:
+      st.kv_read += self.s * width * ran
+    self.done, self.length, self.request = (np.array(h[k])
+                                            for k in ("done", "length", "request"))
+    if c.paged:
+      for slot in np.flatnonzero(self.done & (self.pool.mapped > 0)):
+        self.pool = paging.release(self.pool, slot)
+
+  def shrink_slots(self):
+    """Once every request is admitted and at most half the slots decode, keeps only the
+    decoding slots in a smaller bucket (``_select_slots``; the dropped slots are finished,
+    their pages already released)."""
+    c = self.c
+    n_active = int((~self.done).sum())
+    if not (self.next_req >= c.n_req and 0 < n_active <= self.s // 2 and self.s > c.min_slots):
+      return
+    new_s = -(-max(c.min_slots, _pow2_at_least(n_active, 1)) // c.shards) * c.shards
+    keep = np.concatenate([np.flatnonzero(~self.done), np.flatnonzero(self.done)])[:new_s]
+    self.state = _select_slots(self.state, c.place(keep.astype(np.int32)), mesh=c.mesh)
+    self.done, self.length, self.request = self.done[keep], self.length[keep], self.request[keep]
+    self.prompt_len = self.prompt_len[keep]
+    if c.paged:
+      self.pool = self.pool.replace(page_indices=self.pool.page_indices[keep],
+                                    mapped=self.pool.mapped[keep],
+                                    shared=self.pool.shared[keep])
+    self.s = new_s
+
+  def outputs(self):
+    """``run``'s return value: the requests' tokens, log-probs and versions on the host, the
+    stop-inclusive lengths, and the finished ``EngineStats``."""
+    c, st = self.c, self.stats
+    out = multihost.to_host({"tokens": self.state.tokens[:c.n_req],
+                             "logprobs": self.state.logprobs[:c.n_req],
+                             "full": self.state.full_logprobs[:c.n_req],
+                             "versions": self.state.versions[:c.n_req]})
+    tokens = out["tokens"]
+    is_stop = np.isin(tokens, np.asarray(c.eos_ids, np.int32))
+    length = np.where(is_stop.any(-1), is_stop.argmax(-1) + 1, c.m).astype(np.int32)
+    st.useful_row_steps = int(length.sum())
+    st.programs = len(self.shapes)
+    if c.paged:
+      st.kv_bytes_held = st.peak_pages * c.page_size * _kv_position_bytes(c.cfg)
+      st.pool = self.pool
+    return tokens, out["logprobs"], out["full"], length, out["versions"], st
+
+
+def _kv_position_bytes(cfg) -> int:
+  """Bytes of one position's keys and values over every layer."""
+  return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+
+
 def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, key: jax.Array, *,
         max_new_tokens: int, temperature: float, eos_ids: Sequence[int], pad_id: int,
         top_k: int = 0, top_p: float = 1.0, group_size: int = 1, slots: int = 0,
@@ -697,174 +996,25 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
       length, or an ``attention`` choice not in ``paged.CHOICES``.
   """
   cfg = nnx.merge(graphdef, params).cfg
-  toks = np.asarray(prompt_tokens)
-  mask = np.asarray(prompt_mask, bool)
-  n_prompts, p = toks.shape
-  if prefill_prompts < 1:
-    raise ValueError(f"prefill_prompts={prefill_prompts} must be >= 1")
-  if n_prompts and (mask.sum(-1) == 0).any():
-    raise ValueError("every prompt row needs at least one real token (prompt_mask all False)")
-  n_req = n_prompts * group_size
-  m = max_new_tokens
-  capacity = p + m
-  aligned, plen = _left_align(toks, mask, pad_id, p)
-  # Slots split over the batch axes: a multiple of their devices (extra slots start free).
-  shards = batch_shards(mesh)
-  s = -(-max(1, min(slots or n_req, n_req)) // shards) * shards
-  min_slots = -(-MIN_SLOTS // shards) * shards
-  steps = max(1, min(chunk_steps, m))
-  forced = None
-  if forced_lengths is not None:
-    if not eos_ids:
-      raise ValueError("forced_lengths needs a stop id (eos_ids is empty)")
-  stats = EngineStats()
-  shapes = set()
-  kv_position_bytes = (2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim
-                       * jnp.dtype(cfg.dtype).itemsize)
-  pool = None
-  if paged:
-    impl = paging.resolve_impl(attention, jax.default_backend())
-    if page_size < 1:
-      raise ValueError(f"sampler.page_size={page_size} must be >= 1")
-    table = paging.pages_for(capacity, page_size)  # pages of one slot at full length C
-    # the most pages one request holds: its prompt and M tokens
-    worst = -(-(plen.astype(np.int64) + m) // page_size)
-    n_pages = int(num_pages) or s * table
-    if num_pages < 0 or (n_prompts and n_pages < int(worst.max())):
-      raise ValueError(f"sampler.num_pages={num_pages} must be 0 or >= "
-                       f"{int(worst.max()) if n_prompts else 1} (one request at full length: "
-                       f"prompt + max_new_tokens positions in pages of {page_size})")
-    pool = paging.init_pool(n_pages, page_size, table, s)
-    stats.page_size = int(page_size)
-  else:
-    stats.kv_bytes_held = s * capacity * kv_position_bytes
-  place = (lambda x: x) if mesh is None else (
-      lambda x: multihost.to_global(x, NamedSharding(mesh, P())))
-  if forced_lengths is not None:
-    forced = place(np.clip(np.asarray(forced_lengths, np.int32), 1, m))
-  # The prompts to prefill split over the batch axes: each device prefills its share.
-  place_rows = (lambda x: x) if mesh is None else (
-      lambda x: multihost.to_global(x, batch_sharding(mesh, x.ndim, x.shape[0])))
-  state = _new_state(cfg, s, capacity, n_req, m, pad_id, mesh,
-                     *((pool.refcount.shape[0], page_size) if paged else ()))
-  host_plen = np.zeros((s,), np.int32)
-  host_done = np.ones((s,), bool)
-  host_len = np.zeros((s,), np.int32)
-  host_req = np.full((s,), n_req, np.int32)
-  next_req = 0
-  eos_ids = tuple(int(e) for e in eos_ids)
-  key = key if mesh is None else multihost.to_global(key, NamedSharding(mesh, P()))
-  while next_req < n_req or not host_done.all():
-    free = np.flatnonzero(host_done)
-    while next_req < n_req and len(free):
-      # The next requests that fit the free slots, from at most ``prefill_prompts`` prompts
-      # (requests are ordered by prompt): one prefill batch of bounded memory.
-      last = min(n_req, next_req + len(free), (next_req // group_size + prefill_prompts) * group_size)
-      if paged:
-        last = next_req + _admit(pool, np.arange(next_req, last) // group_size, worst,
-                                 plen // page_size, worst[host_req[~host_done] // group_size],
-                                 ~host_done)
-        if last == next_req:
-          break  # the pool is short: the requests wait for pages of finishing ones
-      reqs = np.arange(next_req, last)
-      take = len(reqs)
-      next_req = last
-      prompt_ids, source = np.unique(reqs // group_size, return_inverse=True)
-      w = min(p, _pow2_at_least(int(plen[prompt_ids].max()), 16))
-      n_b = _pow2_at_least(len(prompt_ids), 1)
-      pr = np.full((n_b, w), pad_id, np.int32)
-      pr[:len(prompt_ids)] = aligned[prompt_ids, :w]
-      pl = np.ones((n_b,), np.int32)
-      pl[:len(prompt_ids)] = plen[prompt_ids]
-      slots_now = free[:take]
-      fill = np.zeros((s,), bool)
-      fill[slots_now] = True
-      src = np.zeros((s,), np.int32)
-      src[slots_now] = source
-      rq = np.array(host_req, np.int32)
-      rq[slots_now] = reqs
-      writes = None
-      if paged:
-        pool, writes = _fill_pages(pool, slots_now, source, pl, n_b * paging.pages_for(w, page_size) + s)
-        writes = tuple(map(place, writes))
-        stats.peak_pages = max(stats.peak_pages, n_pages - pool.num_free)
-      state = _insert(graphdef, params, state, place_rows(pr), place_rows(pl),
-                      *map(place, (fill, src, rq)), writes, mesh=mesh)
-      host_done[slots_now] = False
-      host_len[slots_now] = pl[source]
-      host_plen[slots_now] = pl[source]
-      host_req[slots_now] = reqs
-      free = free[take:]
-      stats.inserts += 1
-      stats.prefill_rows += len(prompt_ids)
-      stats.prefill_tokens += len(prompt_ids) * w
-    active = ~host_done
-    width = width_bucket(int(host_len[active].max()) + steps, capacity)
-    table_pages = None
-    if paged:
-      for slot in np.flatnonzero(active):  # the pages the chunk's steps write
-        pool, ok = paging.reserve(pool, slot, min(int(host_len[slot]) + steps,
-                                                  int(host_plen[slot]) + m))
-        if not ok:  # _admit keeps every decoding request's full length in the pool
-          raise RuntimeError(f"page pool exhausted growing slot {slot}: admission bug")
-      stats.peak_pages = max(stats.peak_pages, n_pages - pool.num_free)
-      table_pages = paging.pages_for(width, page_size)
-      if impl != "xla":  # the GPU kernel splits the table into power-of-two partitions
-        table_pages = min(_pow2_at_least(table_pages, 1), table)
-    swap = None if weights is None else weights()
-    if swap is not None and int(swap[1]) != version:
-      params, version = swap[0], int(swap[1])
-      r_width = width_bucket(int(host_len[active].max()), capacity)
-      writes = None
-      if paged:
-        writes = tuple(map(place, _refresh_writes(pool, host_len, active, r_width)))
-      state = _refresh(graphdef, params, state, writes, width=r_width, mesh=mesh)
-      stats.swaps += 1
-    shapes.add((s, width))
-    state, ran, needed, read = _decode_chunk(
-        graphdef, params, state, key, forced, place(np.int32(version)),
-        None if pool is None else place(pool.page_indices[:, :table_pages]), width=width,
-        steps=steps, temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
-        eos_ids=eos_ids, mesh=mesh, impl=impl if paged else "xla")
-    h = multihost.to_host({"done": state.done, "length": state.length, "ran": ran,
-                           "needed": needed, "request": state.request, "read": read})
-    ran = int(h["ran"])
-    stats.chunks += 1
-    stats.row_steps += s * ran
-    stats.kv_needed += int(h["needed"])
-    if paged:
-      stats.kv_read += int(h["read"])
-      stats.kv_table_read += s * table_pages * page_size * ran
-    else:
-      stats.kv_read += s * width * ran
-    host_done, host_len, host_req = (np.array(h[k]) for k in ("done", "length", "request"))
-    if paged:  # a finished request's pages go back to the pool
-      for slot in np.flatnonzero(host_done & (pool.mapped > 0)):
-        pool = paging.release(pool, slot)
-    n_active = int((~host_done).sum())
-    if next_req >= n_req and 0 < n_active <= s // 2 and s > min_slots:
-      new_s = -(-max(min_slots, _pow2_at_least(n_active, 1)) // shards) * shards
-      keep = np.concatenate([np.flatnonzero(~host_done), np.flatnonzero(host_done)])[:new_s]
-      state = _select_slots(state, place(keep.astype(np.int32)), mesh=mesh)
-      host_done, host_len, host_req = host_done[keep], host_len[keep], host_req[keep]
-      host_plen = host_plen[keep]
-      if paged:  # the dropped slots are finished, so released: no page is lost
-        pool = pool.replace(page_indices=pool.page_indices[keep], mapped=pool.mapped[keep],
-                            shared=pool.shared[keep])
-      s = new_s
-  out = multihost.to_host({"tokens": state.tokens[:n_req], "logprobs": state.logprobs[:n_req],
-                           "full": state.full_logprobs[:n_req],
-                           "versions": state.versions[:n_req]})
-  tokens = out["tokens"]
-  is_stop = np.isin(tokens, np.asarray(eos_ids, np.int32))
-  has_stop = is_stop.any(-1)
-  length = np.where(has_stop, is_stop.argmax(-1) + 1, m).astype(np.int32)
-  stats.useful_row_steps = int(length.sum())
-  stats.programs = len(shapes)
-  if paged:
-    stats.kv_bytes_held = stats.peak_pages * page_size * kv_position_bytes
-    stats.pool = pool
-  return tokens, out["logprobs"], out["full"], length, out["versions"], stats
+  c = _Call.make(cfg, prompt_tokens, prompt_mask, key, max_new_tokens=max_new_tokens,
+                 temperature=temperature, eos_ids=eos_ids, pad_id=pad_id, top_k=top_k,
+                 top_p=top_p, group_size=group_size, slots=slots, chunk_steps=chunk_steps,
+                 mesh=mesh, forced_lengths=forced_lengths, prefill_prompts=prefill_prompts,
+                 paged=paged, page_size=page_size, num_pages=num_pages, attention=attention,
+                 graphdef=graphdef)
+  loop = _HostLoop.start(c, params, version)
+  while loop.pending():
+    # 1. the next requests into the free slots, one bounded prefill at a time (pages permitting)
+    loop.fill_free_slots()
+    # 2. the chunk's attention width, and the pages its k steps will write
+    width, table_pages = loop.reserve_chunk()
+    # 3. an in-flight weight update: the decoding slots re-prefilled with the new parameters
+    loop.maybe_swap_weights(weights)
+    # 4. k decode steps on the device, then each slot's stop and length back on the host
+    loop.decode_chunk(width, table_pages)
+    # 5. no request left to admit and at most half the slots busy: a smaller slot bucket
+    loop.shrink_slots()
+  return loop.outputs()
 
 
 def _new_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int, pad_id: int,
