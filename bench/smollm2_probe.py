@@ -86,6 +86,19 @@ TASKS = {
     # least common multiple / greatest common divisor of two small numbers
     "lcm_small": ("lcm", dict(min_numbers=2, max_numbers=2, min_value=2, max_value=12)),
     "gcd_small": ("gcd", dict(min_numbers=2, max_numbers=2, min_value=2, max_value=40)),
+    # additions only (no negative results): two terms of 1-2 digits; three 1-digit terms;
+    # two terms of 1-3 digits
+    "add_2digit": ("basic_arithmetic", dict(
+        min_terms=2, max_terms=2, min_digits=1, max_digits=2, operators=("+",),
+        allow_parentheses=False, allow_negation=False)),
+    "add_1digit3": ("basic_arithmetic", dict(
+        min_terms=3, max_terms=3, min_digits=1, max_digits=1, operators=("+",),
+        allow_parentheses=False, allow_negation=False)),
+    "add_3digit": ("basic_arithmetic", dict(
+        min_terms=2, max_terms=2, min_digits=1, max_digits=3, operators=("+",),
+        allow_parentheses=False, allow_negation=False)),
+    # one-digit products of three factors
+    "products_1digit3": ("products", dict(min_terms=3, max_terms=3, min_digits=1, max_digits=1)),
 }
 # countdown-style targets are left out: graded by value (math-verify), "17" would score as
 # well as an expression that reaches 17 from the given numbers.
@@ -93,7 +106,7 @@ CANDIDATES = "sum_3digit,chain_2digit,products_2digit,mixed_ops"
 
 
 def accuracy(graphdef, params, tok, name, spec, *, questions, max_new_tokens, prompt_width,
-             seed=0, train_size=2000, system=SYSTEM, temperature=1.0):
+             seed=0, train_size=2000, system=SYSTEM, temperature=1.0, template="{question}"):
   """Sampled (at ``temperature``) and greedy accuracy of the model on ``questions`` held-out
   items, graded three ways: the math reward (``answer_extraction='math'``), strictly (the last
   ``\\boxed{}`` only: ``math_answer.verify_boxed``) and leniently (the last number, any
@@ -113,7 +126,7 @@ def accuracy(graphdef, params, tok, name, spec, *, questions, max_new_tokens, pr
   dataset, kwargs = spec
   task = make_reasoning_gym_task(dataset, seed=seed, train_size=train_size,
                                  heldout_size=questions + 64, kwargs=kwargs,
-                                 answer_extraction="math")
+                                 prompt_template=template, answer_extraction="math")
   exs = task.heldout[:questions]
   sys_turn = [{"role": "system", "content": system}] if system else []
   chats = [sys_turn + [{"role": "user", "content": e.prompt}] for e in exs]
@@ -200,6 +213,8 @@ def main(argv=None):
   ap.add_argument("--system", default=SYSTEM, help="the system turn ('' = none; default: "
                   "configs/smollm2_135m.py's)")
   ap.add_argument("--temperature", type=float, default=1.0, help="the sampled pass's T")
+  ap.add_argument("--template", default="{question}", help="the user turn over the item's "
+                  "fields, as task.prompt_template (e.g. '{expression} = ?')")
   ap.add_argument("--out", default="")
   args = ap.parse_args(argv)
   t = time.perf_counter()
@@ -219,7 +234,8 @@ def main(argv=None):
       try:
         r = accuracy(graphdef, params, tok, name, TASKS[name], questions=args.questions,
                      max_new_tokens=args.max_new_tokens, prompt_width=args.prompt_width,
-                     system=args.system, temperature=args.temperature)
+                     system=args.system, temperature=args.temperature,
+                     template=args.template)
       except ValueError as e:  # e.g. too few distinct questions for a disjoint held-out split
         print(f"{name:16s} skipped: {e}", flush=True)
         continue

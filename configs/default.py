@@ -142,7 +142,7 @@ def get_config():
       pack_sequences=True,
       lr=1e-4, warmup_steps=10, lr_schedule="cosine", final_lr_fraction=0.1,
       max_grad_norm=1.0, weight_decay=0.0,
-      max_consecutive_skips=10,
+      max_consecutive_skips=10, skip_zero_gradient=False, drop_zero_advantage=False,
   ))
 
   # Held-out evaluation: greedy and sampled accuracy, pass@k (k = 1, 2, 4, ... up to

@@ -112,3 +112,22 @@ def test_summary_wall_time_parts_add_up_to_the_total():
                      1.0)
   assert mu[5:7] == [lines[5], "mu (generating a rollout / training on a sample): 0.332 from "
                      "FLOPs, 0.790 from wall time (moves with the machine's load)"]
+
+
+def test_smollm2_sums_preset_holds_out_300_distinct_questions_disjoint_from_train():
+  # issue 39's task: at least 300 distinct held-out questions, none in training, evaluated
+  # 300 at a time; the commonest gold is rare (no guessing task)
+  from collections import Counter
+
+  from jaxreplay.tasks.reasoning_gym_task import make_reasoning_gym_task
+  t = load(os.path.join(ROOT, "configs", "smollm2_135m_sums.py")).task
+  task = make_reasoning_gym_task(t.name, t.seed, t.train_size, t.heldout_size, dict(t.kwargs),
+                                 t.prompt_template, t.answer_extraction)
+  train = {e.prompt for e in task.train}
+  heldout = [e.prompt for e in task.heldout]
+  assert (len(heldout), len(set(heldout)), task.duplicates_dropped) == (342, 337, 58)
+  assert not train & set(heldout)
+  assert (heldout[0], task.heldout[0].answer) == (
+      "Solve the following: 62 - 34. Give only the result as your final answer.", "28")
+  evaluated = task.heldout[:300]
+  assert Counter(str(e.answer) for e in evaluated).most_common(1)[0][1] == 5

@@ -4,6 +4,7 @@ parameter gradients at ratio 1."""
 
 import importlib.util
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -134,6 +135,91 @@ def test_train_step_default_config_metrics_staleness_and_skips(model_and_batch, 
   assert float(m["skipped_update"]) == 1.0 and int(state.skipped) == 1 and int(state.step) == 2
   same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), state.params, kept)
   assert all(jax.tree.leaves(same))
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_zero_advantage_step_moves_weights_only_by_momentum_unless_skipped(model_and_batch,
+                                                                          skip):
+  # An informative step, then a batch whose advantages are all zero (gradient exactly 0).
+  # Adam steps along its momentum anyway: after one gradient g (clipped) at step 1, step 2
+  # has m_hat = 0.9 * 0.1 g / (1 - 0.9^2) = 0.4737 g and v_hat = 0.999 * 0.001 g^2 /
+  # (1 - 0.999^2) = 0.49975 g^2, so every coordinate whose g is well above Adam's eps moves
+  # by 0.4737 / sqrt(0.49975) = 0.6701 lr. skip_zero_gradient keeps the weights and the
+  # optimizer state as they were.
+  _, graphdef, params, batch = model_and_batch
+  algo = dict(default_algo(), skip_zero_gradient=skip)
+  lr = 1e-2
+  opt = train_step.scheduled_adamw(lr, 0, 1.0)
+  p0 = fresh(params)
+  state = train_step.TrainState(params=p0, opt_state=opt.init(p0), step=jnp.int32(0),
+                                skipped=jnp.int32(0))
+  step = train_step.make_train_step(graphdef, opt, algo, 1.0)
+  state, m = step(state, batch, jnp.ones(B))
+  assert float(m["grad_norm"]) > 0 and float(m["zero_gradient_skipped"]) == 0.0
+  after_one = fresh(state.params)
+  opt_one = jax.tree.map(jnp.copy, state.opt_state)
+  state, m = step(state, batch.replace(advantages=jnp.zeros(B)), jnp.ones(B))
+  assert float(m["grad_norm"]) == 0.0 and float(m["skipped_update"]) == 0.0
+  assert int(state.step) == 2 and int(state.skipped) == 0
+  assert float(m["zero_gradient_skipped"]) == float(skip)
+  moved = max(float(jnp.abs(a - b).max())
+              for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(after_one)))
+  if skip:
+    assert moved == 0.0
+    assert all(bool(jnp.array_equal(a, b)) for a, b in
+               zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(opt_one)))
+  else:
+    assert moved == pytest.approx(0.6701 * lr, rel=1e-3)
+
+
+def test_drop_zero_advantage_leaves_rows_out_and_changes_only_the_normaliser(model_and_batch):
+  # Rows 1 and 3 have advantage 0: their PPO-clip gradient is 0, so leaving them out of the
+  # learner changes the token-mean normaliser alone, from 11 completion tokens (3 + 3 + 3 +
+  # 2) to 6 (rows 0 and 2): loss and gradient norm scale by 11 / 6, and the packed plan
+  # holds rows 0 and 2 alone (2 x 6 attended tokens against 4 x 6).
+  _, graphdef, params, batch = model_and_batch
+  batch = batch.replace(advantages=jnp.array([1.0, 0.0, 0.5, 0.0]))
+  opt = train_step.scheduled_adamw(1e-2, 0, 1.0)
+  out = {}
+  for drop in (False, True):
+    step = train_step.make_train_step(graphdef, opt, dict(default_algo(),
+                                                          drop_zero_advantage=drop), 1.0)
+    p0 = fresh(params)
+    state = train_step.TrainState(params=p0, opt_state=opt.init(p0), step=jnp.int32(0),
+                                  skipped=jnp.int32(0))
+    plan = step.plan_batch(np.asarray(batch.attention_mask),
+                           advantages=np.asarray(batch.advantages))
+    _, m = step(state, batch, jnp.ones(B), plan=plan)
+    out[drop] = (float(m["loss"]), float(m["grad_norm"]), int((plan.segment_ids > 0).sum()),
+                 float(m.get("dropped_zero_advantage", -1.0)))
+  (loss, gnorm, packed, _), (loss_d, gnorm_d, packed_d, dropped) = out[False], out[True]
+  assert (packed, packed_d, dropped) == (4 * T, 2 * T, 0.5)
+  assert loss_d == pytest.approx(loss * 11 / 6, rel=1e-5)
+  assert gnorm_d == pytest.approx(gnorm * 11 / 6, rel=1e-4)
+  # every advantage 0: one row keeps the plan's shapes; nothing moves, nothing is NaN
+  step = train_step.make_train_step(
+      graphdef, opt, dict(default_algo(), drop_zero_advantage=True, skip_zero_gradient=True),
+      1.0)
+  p0 = fresh(params)
+  state = train_step.TrainState(params=p0, opt_state=opt.init(p0), step=jnp.int32(0),
+                                skipped=jnp.int32(0))
+  zero = batch.replace(advantages=jnp.zeros(B))
+  state, m = step(state, zero, jnp.ones(B))
+  assert (float(m["loss"]), float(m["grad_norm"]), float(m["dropped_zero_advantage"]),
+          float(m["zero_gradient_skipped"])) == (0.0, 0.0, 1.0, 1.0)
+  assert all(bool(jnp.array_equal(a, b)) for a, b in
+             zip(jax.tree.leaves(state.params), jax.tree.leaves(params)))
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("kl_coef", 0.1, "algo.kl_coef > 0 with algo.kl_mode='loss'"),
+    ("entropy_coef", 0.01, "algo.entropy_coef > 0"),
+    ("advantage", "gae", "algo.advantage='gae'"),
+])
+def test_drop_zero_advantage_refuses_a_loss_with_zero_advantage_gradients(field, value, why):
+  from jaxreplay.spec import ConfigError
+  with pytest.raises(ConfigError, match=r"algo\.drop_zero_advantage=True.*" + re.escape(why)):
+    AlgoSpec.from_config({"drop_zero_advantage": True, field: value})
 
 
 def test_gae_kl_decoupled_epochs(model_and_batch):

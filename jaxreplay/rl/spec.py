@@ -82,6 +82,18 @@ class AlgoSpec(Spec):
     max_grad_norm: > 0, global-norm clip.
     weight_decay: ≥ 0, decoupled weight decay (AdamW).
     max_consecutive_skips: ≥ 1 non-finite updates in a row that stop the run.
+    skip_zero_gradient: an optimizer step whose gradient is exactly zero (every advantage in
+      its minibatch zero, no KL or entropy term) leaves parameters and optimizer state as
+      they were. Otherwise Adam keeps moving the weights along its momentum (about ten
+      steps' worth after one informative step, at β1 = 0.9) with no new information — with
+      sparse rewards and few groups per step, most of the movement.
+    drop_zero_advantage: the learner leaves out the rollouts whose advantage is exactly 0
+      (in a group whose rewards are all equal): no forward or backward pass on them, and
+      the loss normaliser counts only the rest — DAPO's dynamic-sampling filter (Yu et al.
+      2025, arXiv 2503.14476 §3.2, eq. 11) applied to the learner batch. Their gradient is
+      0 in every loss here but AsymRE's, so only the normaliser changes; with sparse
+      rewards most of the learner's compute goes. Needs no KL loss term, no entropy bonus,
+      no value head and a loss other than ``asymre``.
   """
 
   SECTION: ClassVar[str] = "algo"
@@ -121,6 +133,8 @@ class AlgoSpec(Spec):
   max_grad_norm: float = field(1.0, gt=0)
   weight_decay: float = field(0.0, ge=0)
   max_consecutive_skips: int = field(10, ge=1)
+  skip_zero_gradient: bool = field(False)
+  drop_zero_advantage: bool = field(False)
 
   def check(self):
     """The combinations that only need ``algo`` fields.
@@ -144,6 +158,14 @@ class AlgoSpec(Spec):
     if self.advantage == "gae" and self.loss in ("gspo", "asymre"):
       self.fail("loss", self.loss, f"needs a sequence-level advantage; algo.advantage='gae' is "
                 f"per token (use one of {GROUP_ESTIMATORS})")
+    if self.drop_zero_advantage:
+      why = ("algo.kl_coef > 0 with algo.kl_mode='loss'" if self.kl_coef > 0 and
+             self.kl_mode == "loss" else "algo.entropy_coef > 0" if self.entropy_coef > 0
+             else "algo.advantage='gae' (the value loss)" if self.advantage == "gae"
+             else "algo.loss='asymre'" if self.loss == "asymre" else "")
+      if why:
+        self.fail("drop_zero_advantage", True, f"a zero-advantage rollout still has a "
+                  f"gradient with {why}; set algo.drop_zero_advantage=False")
     if self.kl_coef > 0 and self.kl_mode == "reward" and self.loss == "asymre":
       self.fail("kl_mode", self.kl_mode,
                 "with algo.loss='asymre' the KL penalty would enter the group-mean baseline "

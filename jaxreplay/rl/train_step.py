@@ -405,7 +405,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     The train step, ``train_step(state, batch, weights=None, staleness=None, plan=None)``.
     With ``algo.pack_sequences`` (``packing``) every forward pass runs on packed rows:
     ``plan`` is the ``packing.PackPlan`` of the batch (``train_step.plan_batch(mask,
-    multiple=1)``, ``packing.plan_batch`` of the [B, T] attention mask on the host: each
+    multiple=1, advantages=None)``, ``packing.plan_batch`` of the [B, T] attention mask on
+    the host, less the zero-advantage rows with ``algo.drop_zero_advantage``: each
     minibatch packed whole and split into S ≤ grad_accum_steps steps of R rows, leaves
     [num_minibatches, S, ...]; ``multiple`` the devices its rows split over); when it is
     None and the batch is concrete the step computes it on the host (a device to host copy
@@ -434,6 +435,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
   def train_step(state: TrainState, batch: Rollout, weights=None, staleness=None, plan=None):
     b = batch.rewards.shape[0]
     _check_batch(spec, state, b)
+    if spec.drop_zero_advantage:  # the packing plan leaves the same rows out (plan_batch)
+      batch = batch.replace(completion_mask=batch.completion_mask & _informative(batch)[:, None])
     weights = jnp.ones((b,), jnp.float32) if weights is None else weights
     if staleness is None:
       staleness = state.step - batch.policy_version
@@ -458,6 +461,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     w_b = item_weights(spec, weights, staleness)[1]
     metrics["ess_sample_weights"] = diagnostics.effective_sample_size(
         w_b, jnp.ones(w_b.shape, bool))
+    if spec.drop_zero_advantage:
+      metrics["dropped_zero_advantage"] = 1.0 - _informative(batch).mean(dtype=jnp.float32)
     params, value_params = trainable if spec.uses_value_head else (trainable, state.value_params)
     state = state.replace(params=join_adapters(params, frozen), value_params=value_params,
                           opt_state=opt_state, step=state.step + 1, skipped=skipped)
@@ -465,6 +470,13 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
   jitted = jax.jit(train_step, donate_argnums=(0,))
   return _with_packing(jitted, spec) if spec.pack_sequences else jitted
+
+
+def _informative(batch: Rollout) -> jax.Array:
+  """[B] bool: the rollouts ``algo.drop_zero_advantage`` keeps (an advantage not exactly 0 on
+  some token; per-sequence or per-token advantages)."""
+  adv = batch.advantages
+  return adv != 0 if adv.ndim == 1 else (adv != 0).any(-1)
 
 
 def _check_batch(spec: AlgoSpec, state: TrainState, b: int):
@@ -537,7 +549,8 @@ def _make_update(spec: AlgoSpec, grad_fn, optimizer: optax.GradientTransformatio
   ``(trainable, opt_state, skipped), (idx [B / num_minibatches] int32, plan | None)`` →
   (the new carry, (metrics, the minibatch's loss normaliser)). A step whose loss or gradient
   norm is not finite leaves parameters and optimizer state as they were and counts in
-  ``skipped``.
+  ``skipped``; with ``spec.skip_zero_gradient``, so does a step whose gradient norm is
+  exactly zero (metric ``zero_gradient_skipped``; not counted in ``skipped``).
   """
   def one_update(carry, xs):
     idx_m, plan_m = xs
@@ -546,10 +559,14 @@ def _make_update(spec: AlgoSpec, grad_fn, optimizer: optax.GradientTransformatio
     (loss, metrics), grads = grad_fn(trainable, *mb, plan_m, frozen)
     gnorm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+    # a zero gradient carries no information, but Adam would still step along its momentum
+    empty = finite & (gnorm == 0) if spec.skip_zero_gradient else jnp.bool_(False)
+    apply = finite & ~empty
     updates, new_opt = optimizer.update(grads, opt_state, trainable)
     new_trainable = optax.apply_updates(trainable, updates)
-    keep = lambda new, old: jax.tree.map(lambda a, c: jnp.where(finite, a, c), new, old)
-    metrics.update(loss=loss, grad_norm=gnorm, skipped_update=(~finite).astype(jnp.float32))
+    keep = lambda new, old: jax.tree.map(lambda a, c: jnp.where(apply, a, c), new, old)
+    metrics.update(loss=loss, grad_norm=gnorm, skipped_update=(~finite).astype(jnp.float32),
+                   zero_gradient_skipped=empty.astype(jnp.float32))
     batch_m = mb[0]
     norm = losses.aggregate_normaliser(
         losses.loss_mask(batch_m.completion_mask, batch_m.truncated, spec.mask_truncated),
@@ -565,7 +582,14 @@ def _with_packing(jitted, spec: AlgoSpec) -> Callable:
   packing on the host when the caller gives no ``plan`` (``make_train_step``'s Returns)."""
   n_mb, n_acc = spec.num_minibatches, spec.grad_accum_steps
 
-  def plan_batch(mask_bt: np.ndarray, multiple: int = 1) -> packing.PackPlan:
+  def plan_batch(mask_bt: np.ndarray, multiple: int = 1, advantages=None) -> packing.PackPlan:
+    mask_bt = np.asarray(mask_bt, bool)
+    if spec.drop_zero_advantage and advantages is not None:
+      adv = np.asarray(advantages)
+      keep = adv != 0 if adv.ndim == 1 else (adv != 0).any(-1)
+      if not keep.any():  # nothing to learn from: one row keeps the plan's shapes valid
+        keep[0] = True
+      mask_bt = mask_bt & keep[:, None]
     return packing.plan_batch(mask_bt, n_mb, n_acc, multiple=multiple)
 
   def packed_train_step(state: TrainState, batch: Rollout, weights=None, staleness=None,
@@ -574,7 +598,7 @@ def _with_packing(jitted, spec: AlgoSpec) -> Callable:
     if (plan is None and not isinstance(mask, jax.core.Tracer)
         and getattr(mask, "is_fully_addressable", True)  # a multi-process batch: the caller plans
         and mask.shape[0] % (n_mb * n_acc) == 0):  # else the jitted step raises or runs full
-      plan = plan_batch(np.asarray(mask))
+      plan = plan_batch(np.asarray(mask), advantages=np.asarray(batch.advantages))
     return jitted(state, batch, weights, staleness, plan)
 
   packed_train_step.plan_batch = plan_batch
