@@ -33,6 +33,8 @@ def get_config():
   c.seeds = (0, 1, 2)
   c.base_overrides = config_dict.ConfigDict({
       "eval.num_examples": 100,
+      "eval.record": 100,                # every evaluated question's completions, to tell
+                                         # form (one-line answers) from correctness
       "log.progress": False,
       "log.tensorboard": False,
   }, allow_dotted_keys=True)
