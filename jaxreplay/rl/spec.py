@@ -84,13 +84,14 @@ class AlgoSpec(Spec):
     max_consecutive_skips: ≥ 1 non-finite updates in a row that stop the run.
     skip_zero_gradient: an optimizer step whose gradient is exactly zero (every advantage in
       its minibatch zero, no KL or entropy term) leaves parameters and optimizer state as
-      they were. Otherwise Adam keeps moving the weights along its momentum (about ten
-      steps' worth after one informative step, at β1 = 0.9) with no new information — with
-      sparse rewards and few groups per step, most of the movement.
+      they were. Otherwise Adam keeps moving the weights along its momentum with no new
+      information (after one informative step, 0.67 of a step on the next and five steps'
+      worth in all at β = (0.9, 0.999)) — with sparse rewards and few groups per step, most
+      of the movement.
     drop_zero_advantage: the learner leaves out the rollouts whose advantage is exactly 0
       (in a group whose rewards are all equal): no forward or backward pass on them, and
       the loss normaliser counts only the rest — DAPO's dynamic-sampling filter (Yu et al.
-      2025, arXiv 2503.14476 §3.2, eq. 11) applied to the learner batch. Their gradient is
+      2025, arXiv 2503.14476 §3.2) applied to the learner batch. Their gradient is
       0 in every loss here but AsymRE's, so only the normaliser changes; with sparse
       rewards most of the learner's compute goes. Needs no KL loss term, no entropy bonus,
       no value head and a loss other than ``asymre``.

@@ -436,7 +436,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     b = batch.rewards.shape[0]
     _check_batch(spec, state, b)
     if spec.drop_zero_advantage:  # the packing plan leaves the same rows out (plan_batch)
-      batch = batch.replace(completion_mask=batch.completion_mask & _informative(batch)[:, None])
+      batch = batch.replace(
+          completion_mask=batch.completion_mask & _informative(batch.advantages)[:, None])
     weights = jnp.ones((b,), jnp.float32) if weights is None else weights
     if staleness is None:
       staleness = state.step - batch.policy_version
@@ -462,7 +463,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     metrics["ess_sample_weights"] = diagnostics.effective_sample_size(
         w_b, jnp.ones(w_b.shape, bool))
     if spec.drop_zero_advantage:
-      metrics["dropped_zero_advantage"] = 1.0 - _informative(batch).mean(dtype=jnp.float32)
+      metrics["dropped_zero_advantage"] = 1.0 - _informative(batch.advantages).mean(
+          dtype=jnp.float32)
     params, value_params = trainable if spec.uses_value_head else (trainable, state.value_params)
     state = state.replace(params=join_adapters(params, frozen), value_params=value_params,
                           opt_state=opt_state, step=state.step + 1, skipped=skipped)
@@ -472,11 +474,10 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
   return _with_packing(jitted, spec) if spec.pack_sequences else jitted
 
 
-def _informative(batch: Rollout) -> jax.Array:
-  """[B] bool: the rollouts ``algo.drop_zero_advantage`` keeps (an advantage not exactly 0 on
-  some token; per-sequence or per-token advantages)."""
-  adv = batch.advantages
-  return adv != 0 if adv.ndim == 1 else (adv != 0).any(-1)
+def _informative(advantages):
+  """[B] bool (numpy or jax, as given): the rollouts ``algo.drop_zero_advantage`` keeps, whose
+  advantage ([B] per sequence, or [B, T] per token) is not exactly 0 (on some token)."""
+  return advantages != 0 if advantages.ndim == 1 else (advantages != 0).any(-1)
 
 
 def _check_batch(spec: AlgoSpec, state: TrainState, b: int):
@@ -585,8 +586,7 @@ def _with_packing(jitted, spec: AlgoSpec) -> Callable:
   def plan_batch(mask_bt: np.ndarray, multiple: int = 1, advantages=None) -> packing.PackPlan:
     mask_bt = np.asarray(mask_bt, bool)
     if spec.drop_zero_advantage and advantages is not None:
-      adv = np.asarray(advantages)
-      keep = adv != 0 if adv.ndim == 1 else (adv != 0).any(-1)
+      keep = np.array(_informative(np.asarray(advantages)))
       if not keep.any():  # nothing to learn from: one row keeps the plan's shapes valid
         keep[0] = True
       mask_bt = mask_bt & keep[:, None]
