@@ -72,7 +72,7 @@ def main(argv=None):
 
   g_lora, p_lora = lora.add_adapters(graphdef, params, LoraSpec(rank=args.rank),
                                      jax.random.key(0))
-  p_lora = with_b(g_lora, p_lora, 1e-3)  # B = 0 would leave the merged kernels the base's
+  g_lora, p_lora = with_b(g_lora, p_lora, 1e-3)  # B = 0 would leave the merged kernels the base's
 
   t = time.perf_counter()
   g_merged, p_merged = lora.merge_adapters(g_lora, p_lora)
