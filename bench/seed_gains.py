@@ -76,11 +76,40 @@ def read_run(workdir: str) -> dict:
          "moved_steps": sum(1 for r in steps if not r.get("zero_gradient_skipped", 0.0)
                             and not r.get("skipped_update", 0.0)),
          "time_wall_s": None, "maxrss_gb": None}
+  out["recorded_form"] = recorded_form(workdir)
   time_txt = os.path.join(workdir, "time.txt")
   if os.path.exists(time_txt):
     m = re.search(r"([\d.]+) s wall (\d+) KB maxrss", open(time_txt).read())
     if m:
       out["time_wall_s"], out["maxrss_gb"] = float(m[1]), round(int(m[2]) / 2**20, 2)
+  return out
+
+
+# a one-line answer to a two-term sum: "75 - 32 = 43", "Solve: 89 + 87 = 176."
+ONE_LINE = re.compile(r"^\s*(Solve:?\s*)?-?\d+\s*[-+]\s*-?\d+\s*=\s*-?\d+\.?\s*$")
+
+
+def recorded_form(workdir: str) -> dict | None:
+  """Of the completions the first and the last evaluation recorded
+  (``samples/eval_STEP.jsonl``): how many, how many are one-line answers (``ONE_LINE``), and
+  how many of those and of the rest are right by the lenient grade. None without records.
+
+  Returns:
+    {"first" | "last": {"step", "n", "one_line", "one_line_right", "other_right"}} or None.
+  """
+  files = sorted(glob.glob(os.path.join(workdir, "samples", "eval_*.jsonl")),
+                 key=lambda f: int(re.search(r"eval_(\d+)", f)[1]))
+  if not files:
+    return None
+  out = {}
+  for label, path in (("first", files[0]), ("last", files[-1])):
+    with open(path) as f:
+      recs = [json.loads(line) for line in f if line.strip()]
+    one = [bool(ONE_LINE.match(r["completion"])) for r in recs]
+    right = [bool(r.get("lenient", 0)) for r in recs]
+    out[label] = {"step": int(re.search(r"eval_(\d+)", path)[1]), "n": len(recs),
+                  "one_line": sum(one), "one_line_right": sum(o and g for o, g in zip(one, right)),
+                  "other_right": sum(g and not o for o, g in zip(one, right))}
   return out
 
 
@@ -109,6 +138,19 @@ def compare(a: list[dict], b: list[dict]) -> dict:
   return out
 
 
+def table(heads: list[str], rows: dict, cells, extra: str = "") -> None:
+  """Prints a markdown table, one row per grade: ``cells(rows[grade])`` gives the leading
+  columns (strings), the 95% interval, the per-seed values and, with ``extra``, one more."""
+  cols = ["grade", *heads, "95% t interval", "per seed"] + ([extra] if extra else [])
+  print("| " + " | ".join(cols) + " |")
+  print("|" + "---|" * len(cols))
+  for g in GRADES:
+    *lead, t95, per_seed = cells(rows[g])[:len(heads) + 2]
+    tail = cells(rows[g])[len(heads) + 2:]
+    print("| " + " | ".join([g, *lead, f"[{fmt(t95[0])}, {fmt(t95[1])}]",
+                             ", ".join(fmt(v) for v in per_seed), *tail]) + " |")
+
+
 def fmt(x: float) -> str:
   return "nan" if x is None or not np.isfinite(x) else f"{x:+.3f}"
 
@@ -132,29 +174,21 @@ def main(argv=None):
     s = arm_summary(runs)
     result["arms"][name] = s
     print(f"\n{name}: {len(runs)} seeds {[r['seed'] for r in runs]}")
-    print("| grade | before (mean) | after (mean) | gain | 95% t interval | per seed |")
-    print("|---|---|---|---|---|---|")
-    for g in GRADES:
-      x = s[g]
-      print(f"| {g} | {x['before_mean']:.3f} | {x['after_mean']:.3f} | {fmt(x['gain_mean'])} | "
-            f"[{fmt(x['gain_t95'][0])}, {fmt(x['gain_t95'][1])}] | "
-            f"{', '.join(fmt(v) for v in x['gain_s'])} |")
+    table(["before (mean)", "after (mean)", "gain"], s, lambda x: (
+        f"{x['before_mean']:.3f}", f"{x['after_mean']:.3f}", fmt(x["gain_mean"]),
+        x["gain_t95"], x["gain_s"]))
     for r in runs:
       print(f"  seed {r['seed']}: wall {r['wall_s']} s (time: {r['time_wall_s']}), max RSS "
             f"{r['maxrss_gb']} GB, learner {r['learner_update_s']} s per update, "
-            f"{r['learner_s_per_rollout']} s per trained rollout")
+            f"{r['learner_s_per_rollout']} s per trained rollout; recorded form "
+            f"{r['recorded_form']}")
   names = list(arms)
   if len(names) == 2:
     c = compare(arms[names[0]], arms[names[1]])
     result["comparison"] = {"a": names[0], "b": names[1], **c}
     print(f"\n{names[1]} - {names[0]} after RL, seeds {c['seeds']}")
-    print("| grade | difference | 95% t interval | per seed | P(improvement) |")
-    print("|---|---|---|---|---|")
-    for g in GRADES:
-      x = c[g]
-      print(f"| {g} | {fmt(x['diff_mean'])} | [{fmt(x['diff_t95'][0])}, "
-            f"{fmt(x['diff_t95'][1])}] | {', '.join(fmt(v) for v in x['diff_s'])} | "
-            f"{x['p_improve']:.2f} |")
+    table(["difference"], c, lambda x: (fmt(x["diff_mean"]), x["diff_t95"], x["diff_s"],
+                                       f"{x['p_improve']:.2f}"), extra="P(improvement)")
   if args.out:
     with open(args.out, "w") as f:
       json.dump(result, f, indent=1)

@@ -39,6 +39,13 @@ def test_gains_intervals_timings_and_comparison_by_hand(tmp_path, capsys):
     _run(tmp_path, f"full{seed}", seed, b, a, steps, "12.5 s wall 2097152 KB maxrss\n")
   for seed, a in enumerate([0.30, 0.20, 0.22]):
     _run(tmp_path, f"lora{seed}", seed, 0.10, a, steps)
+  samples = tmp_path / "full0" / "samples"
+  samples.mkdir()
+  for step, recs in ((0, [("75 - 32 = 21", 0), ("first 75, then 43", 1)]),
+                     (24, [("Solve 75 - 32 = 43", 1), ("75 - 32 = 43.", 1),
+                           ("It is 44", 0)])):
+    (samples / f"eval_{step}.jsonl").write_text("\n".join(
+        json.dumps({"completion": c, "lenient": g}) for c, g in recs))
   out = tmp_path / "out.json"
   bench.main(["--arm", f"full={tmp_path}/full*", "--arm", f"lora={tmp_path}/lora*",
               "--out", str(out)])
@@ -54,6 +61,10 @@ def test_gains_intervals_timings_and_comparison_by_hand(tmp_path, capsys):
   assert (run["learner_update_s"], run["learner_s_per_rollout"]) == (15.0, 0.365)
   assert (run["moved_steps"], run["time_wall_s"], run["maxrss_gb"]) == (4, 12.5, 2.0)
   assert res["runs"]["lora"][0]["maxrss_gb"] is None
+  assert run["recorded_form"] == {
+      "first": {"step": 0, "n": 2, "one_line": 1, "one_line_right": 0, "other_right": 1},
+      "last": {"step": 24, "n": 3, "one_line": 2, "one_line_right": 2, "other_right": 0}}
+  assert res["runs"]["lora"][0]["recorded_form"] is None
   cmp = res["comparison"]["sampled"]
   # lora - full after RL: +0.05, 0.00, -0.02
   assert [round(x, 12) for x in cmp["diff_s"]] == [0.05, 0.0, -0.02]
