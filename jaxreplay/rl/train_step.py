@@ -598,9 +598,11 @@ def _with_packing(jitted, spec: AlgoSpec) -> Callable:
     if (plan is None and not isinstance(mask, jax.core.Tracer)
         and getattr(mask, "is_fully_addressable", True)  # a multi-process batch: the caller plans
         and mask.shape[0] % (n_mb * n_acc) == 0):  # else the jitted step raises or runs full
-      plan = plan_batch(np.asarray(mask), advantages=np.asarray(batch.advantages))
+      adv = np.asarray(batch.advantages) if spec.drop_zero_advantage else None
+      plan = plan_batch(np.asarray(mask), advantages=adv)
     return jitted(state, batch, weights, staleness, plan)
 
+  plan_batch.drops_zero_advantage = spec.drop_zero_advantage  # the caller copies advantages
   packed_train_step.plan_batch = plan_batch
   packed_train_step.lower = jitted.lower
   return packed_train_step

@@ -147,8 +147,10 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
 
   def learner_step(state: TrainState, buffer: replay.BufferState, key):
     buffer, s, batch_metrics = draw_jit(state.step, buffer, key)
+    adv = (multihost.to_host(s.items.advantages) if plan_batch.drops_zero_advantage
+           else None)  # a host copy only when the plan needs it
     plan = plan_batch(multihost.to_host(s.items.attention_mask), multiple=shards,
-                      advantages=multihost.to_host(s.items.advantages))
+                      advantages=adv)
     state, metrics = update_jit(state, s, sharding_lib.place_rows(plan, mesh))
     metrics.update(batch_metrics)
     metrics["learner_padding"] = np.float32(np.mean(plan.segment_ids == 0))
