@@ -1,9 +1,10 @@
 """LoRA adapters (``model.lora``, ``models.lora``): a fresh adapter (B = 0) leaves every
 forward path exactly the base model's; the learner's gradient and optimizer state cover only
 the adapters; the unmerged adapters and the merged kernel W + s·A B give the same loss and
-gradient for every policy loss; exported adapters load in PEFT with the same logits; a tiny
-LoRA run resumed halfway ends bit-identical to the straight run; bad fields fail naming
-themselves."""
+gradient for every policy loss; exported adapters load in PEFT with the same logits; adapter
+dropout draws inverted Bernoulli masks in the learner's differentiated pass only, the same in
+both layer layouts; a tiny LoRA run with dropout resumed halfway ends bit-identical to the
+straight run; bad fields fail naming themselves."""
 
 import jax
 import jax.numpy as jnp
@@ -31,10 +32,11 @@ def tiny_cfg(scan=False):
                            head_dim=8, d_ff=24, scan_layers=scan)
 
 
-def with_adapters(cfg, b_std=0.0, targets=None):
+def with_adapters(cfg, b_std=0.0, targets=None, dropout=0.0):
   """(base graphdef, base params, LoRA graphdef, LoRA params); B ~ N(0, b_std²)."""
   g, p = nnx.split(Transformer(cfg, nnx.Rngs(0)))
-  spec = LoraSpec(rank=RANK, alpha=ALPHA, **({} if targets is None else {"targets": targets}))
+  spec = LoraSpec(rank=RANK, alpha=ALPHA, dropout=dropout,
+                  **({} if targets is None else {"targets": targets}))
   g2, p2 = lora.add_adapters(g, p, spec, jax.random.key(1))
   if b_std:
     ad, frozen = lora.split_adapters(p2)
@@ -220,13 +222,98 @@ def test_exported_adapters_load_in_peft_with_the_same_logits(tmp_path):
   np.testing.assert_allclose(theirs, ours, atol=tol, rtol=0)
 
 
+def test_adapter_dropout_draws_an_inverted_bernoulli_mask_per_layer_and_target():
+  # x_j = 2^j, A = 1, B = 1, W = 0: the output times (1 - p) spells the kept inputs in binary
+  p, n, d_in = 0.25, 512, 8
+  base = nnx.Linear(d_in, 1, use_bias=False, rngs=nnx.Rngs(0))
+  base.kernel = nnx.Param(jnp.zeros((d_in, 1)))
+  ones_a, ones_b = jnp.ones((d_in, 1)), jnp.ones((1, 1))
+  layer = lambda target: lora.LoRALinear(base, ones_a, ones_b, 1.0, p, target)
+  x = jnp.broadcast_to(2.0 ** jnp.arange(d_in), (n, d_in))
+  np.testing.assert_array_equal(layer(0)(x)[:, 0], 255.0)  # no dropout_rng: deterministic
+
+  def mask(target, key):
+    with lora.dropout_rng(key):
+      code = np.asarray(layer(target)(x)[:, 0]) * (1 - p)
+    # kept inputs scaled by 1/(1 - p): (1 - p)·out is an integer up to float32 rounding
+    np.testing.assert_allclose(code, np.round(code), rtol=0, atol=1e-3)
+    return (np.round(code).astype(np.int64)[:, None] >> np.arange(d_in)) & 1
+
+  m = mask(0, jax.random.key(7))
+  # 4,096 Bernoulli(0.75) draws: 6 standard errors is 0.04
+  assert abs(m.mean() - (1 - p)) < 0.04
+  np.testing.assert_array_equal(mask(0, jax.random.key(7)), m)  # a key gives one mask
+  assert (mask(3, jax.random.key(7)) != m).mean() > 0.2  # each target its own stream
+  assert (mask(0, jax.random.key(8)) != m).mean() > 0.2  # and each key
+  assert not lora.dropout_active()
+
+
+def test_adapter_dropout_is_the_same_in_the_list_and_scan_layouts_and_only_inside_its_block():
+  from jaxreplay.models.transformer import stack_blocks
+  cfg = tiny_cfg()
+  _, _, g_list, p_list = with_adapters(cfg, b_std=0.1, dropout=0.5)
+  g_scan, _ = lora.abstract_adapters(*nnx.split(Transformer(tiny_cfg(scan=True), nnx.Rngs(0))),
+                                     LoraSpec(rank=RANK, alpha=ALPHA, dropout=0.5))
+  p_scan = stack_blocks(p_list, cfg.n_layers)
+  _, _, g_off, _ = with_adapters(cfg, b_std=0.1)  # the same model without dropout
+  tok, mask = batch().tokens, jnp.ones((B, T), bool)
+  hidden = lambda g, p: np.asarray(nnx.merge(g, p).hidden(tok, mask))
+  off = hidden(g_off, p_list)
+  np.testing.assert_array_equal(hidden(g_list, p_list), off)  # outside dropout_rng
+  with lora.dropout_rng(jax.random.key(5)):
+    dropped_list, dropped_scan = hidden(g_list, p_list), hidden(g_scan, p_scan)
+  assert np.abs(dropped_list - off).max() > 1e-3
+  # the layer index reaches the masks in both layouts: the same masks, one forward pass
+  # computed twice (float32; only the scan's reassociation differs)
+  np.testing.assert_allclose(dropped_scan, dropped_list, rtol=0,
+                             atol=reorder_tol(forward_terms(cfg, T),
+                                              scale=float(np.abs(dropped_list).max())))
+  assert lora.graph_dropout(g_list) == 0.5 and lora.graph_dropout(g_off) == 0.0
+
+
+def test_adapter_dropout_reaches_the_learners_gradient_and_nothing_else():
+  cfg = tiny_cfg()
+  _, _, g_drop, p2 = with_adapters(cfg, b_std=0.1, targets=("q", "v", "down"), dropout=0.5)
+  _, _, g_off, _ = with_adapters(cfg, b_std=0.1, targets=("q", "v", "down"))
+  ad, frozen = lora.split_adapters(p2)
+  args = (batch(), jnp.ones(B), jnp.zeros(B, jnp.int32), None, None, None)
+  algo = dict(staleness_buckets=(0,))
+  grad = lambda g, **kw: train_step.make_grad_fn(g, algo, 1.0)(ad, *args, frozen=frozen, **kw)
+  (l_off, _), g_ref = grad(g_off)
+  (l_none, _), g_none = grad(g_drop)  # no key: the deterministic pass
+  np.testing.assert_array_equal(l_none, l_off)
+  for x, y in zip(jax.tree.leaves(g_none), jax.tree.leaves(g_ref)):
+    np.testing.assert_array_equal(x, y)
+  (l_a, _), g_a = grad(g_drop, dropout_key=jax.random.key(1))
+  (l_b, _), g_b = grad(g_drop, dropout_key=jax.random.key(1))
+  (l_c, _), _ = grad(g_drop, dropout_key=jax.random.key(2))
+  assert float(l_a) == float(l_b) and float(l_a) != float(l_off) and float(l_c) != float(l_a)
+  for x, y in zip(jax.tree.leaves(g_a), jax.tree.leaves(g_b)):
+    np.testing.assert_array_equal(x, y)
+  # the train step: the seed picks the masks; the metrics of the pass itself move
+  opt = train_step.make_optimizer(dict(lr=1e-2, warmup_steps=0), 1)
+  on_policy = batch()  # behaviour log-probs: the deterministic policy's own
+  logp, _ = token_logprobs(g_off, p2, on_policy.tokens, on_policy.attention_mask, 1.0)
+  on_policy = on_policy.replace(
+      behaviour_logprobs=jnp.where(on_policy.completion_mask, logp, 0.0))
+  run = lambda g, seed: jax.tree.map(float, train_step.make_train_step(
+      g, opt, algo, 1.0, seed=seed)(train_step.init_train_state(
+          g, jax.tree.map(jnp.copy, p2), opt, algo), on_policy)[1])
+  m0, m0_again, m1, m_off = run(g_drop, 0), run(g_drop, 0), run(g_drop, 1), run(g_off, 0)
+  assert m0 == m0_again
+  assert m0["loss"] != m1["loss"] and m0["loss"] != m_off["loss"]
+  # on-policy at identical parameters the deterministic pass has ratio 1; the dropped one not
+  assert m_off["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+  assert abs(m0["ratio_max"] - 1.0) > 1e-3
+
+
 @pytest.mark.parametrize("bad, match", [
     ({"rank": -1}, r"model\.lora\.rank=-1 is invalid: must be >= 0"),
     ({"rank": 4, "targets": ("q", "qq")}, r"model\.lora\.targets=.* one of \('q', 'k'"),
     ({"rank": 4, "targets": ()}, r"model\.lora\.targets=\(\) is invalid"),
     ({"rank": 4, "targets": ("q", "q")}, r"must not repeat"),
     ({"rank": 4, "alpha": 0.0}, r"model\.lora\.alpha=0\.0 is invalid: must be > 0"),
-    ({"rank": 4, "dropout": 0.1}, r"model\.lora\.dropout=0\.1 is invalid: must be 0\.0"),
+    ({"rank": 4, "dropout": 1.0}, r"model\.lora\.dropout=1\.0 is invalid: must be in \[0, 1\)"),
     ({"ranks": 4}, r"model\.lora\.ranks is not a field .*did you mean model\.lora\.rank"),
 ])
 def test_bad_lora_fields_fail_naming_the_field(bad, match):
@@ -243,7 +330,8 @@ def test_lora_off_by_default():
 def test_a_tiny_lora_run_resumes_bit_identically(base_policy_cache, tmp_path):
   from conftest import run
   from jaxreplay.train.loop import restore as restore_run
-  kw = {"model.lora": {"rank": 2, "alpha": 4.0, "targets": ("q", "v", "up")},
+  # with adapter dropout: its masks follow the policy version, so they resume too
+  kw = {"model.lora": {"rank": 2, "alpha": 4.0, "targets": ("q", "v", "up"), "dropout": 0.25},
         "train.steps": 4, "eval.every": 2, "checkpoint.every": 2, "drift.every": 2,
         # the tiny policy earns no reward in 4 steps: the entropy bonus gives a gradient
         "algo.entropy_coef": 0.01}
@@ -270,6 +358,7 @@ def test_a_tiny_lora_run_resumes_bit_identically(base_policy_cache, tmp_path):
   out = tmp_path / "hf"
   export.export(str(tmp_path / "a"), str(out))
   job, _ = states[0]
+  assert lora.graph_dropout(job.graphdef) == 0.25  # the run's learner dropped adapter inputs
   tok = np.random.default_rng(0).integers(3, 50, (2, 9))
   ours = np.asarray(nnx.merge(job.graphdef, ca.state.params)(jnp.asarray(tok),
                                                              jnp.ones(tok.shape, bool)))

@@ -22,10 +22,20 @@ Replacing the layers is a few lines and covers every path.
 
 Layout: list blocks hold A [in, r], B [r, out]; the scan layout stacks them on a leading L
 axis like every block parameter. ``peft_tensors`` writes them in PEFT's safetensors layout.
+
+Dropout (``model.lora.dropout`` = p, PEFT's ``lora_dropout``): the adapter's input is
+dropped, s·(drop(x) A) B with drop(x) = x·m/(1 − p), m ~ Bernoulli(1 − p) per element
+(Srivastava et al. 2014, the inverted form), and only inside a ``dropout_rng(key)`` block:
+the learner opens one around the pass it differentiates, so generation, evaluation, the
+behaviour and proximal log-probs and the merged form are all deterministic. A layer's mask
+is drawn from fold_in(fold_in(key, layer index), target index), the same in the list and
+scan layouts (``layer_scope``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 from typing import Any
@@ -38,6 +48,10 @@ from flax import nnx
 from jaxreplay.models.spec import LORA_TARGETS, LoraSpec
 
 _ATTN = ("q", "k", "v", "o")
+# The PRNG key of the pass being traced (``dropout_rng``), read by ``LoRALinear`` at trace
+# time; None outside the learner's differentiated pass.
+_DROPOUT_KEY: contextvars.ContextVar = contextvars.ContextVar("jaxreplay_lora_dropout_key",
+                                                              default=None)
 # jaxreplay layer name -> the Hugging Face / PEFT module path inside a decoder layer
 PEFT_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
                 "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
@@ -57,21 +71,80 @@ class LoRALinear(nnx.Linear):
       layout), cast to the activation dtype in the product.
     lora_b: ``nnx.LoRAParam`` [r, out] float32 ([L, r, out]).
     lora_scale: float, alpha / rank.
+    lora_dropout: float in [0, 1), the adapter input's dropout probability, applied only
+      inside ``dropout_rng``.
+    lora_target: int, the layer's index in ``LORA_TARGETS`` (its dropout stream).
   """
 
-  def __init__(self, base: nnx.Linear, a: jax.Array, b: jax.Array, scale: float):
+  def __init__(self, base: nnx.Linear, a: jax.Array, b: jax.Array, scale: float,
+               dropout: float = 0.0, target: int = 0):
     for name, value in vars(base).items():
       if not name.startswith("_"):
         setattr(self, name, value)
     self.lora_a = nnx.LoRAParam(a)
     self.lora_b = nnx.LoRAParam(b)
     self.lora_scale = float(scale)
+    self.lora_dropout = float(dropout)
+    self.lora_target = int(target)
 
   def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
     """inputs [..., in] -> [..., out] in the activation dtype."""
     y = super().__call__(inputs, out_sharding=out_sharding)
     x, a, b = self.promote_dtype((inputs, self.lora_a[...], self.lora_b[...]), dtype=self.dtype)
+    key = _DROPOUT_KEY.get()
+    if key is not None and self.lora_dropout > 0:
+      keep = jax.random.bernoulli(jax.random.fold_in(key, self.lora_target),
+                                  1.0 - self.lora_dropout, x.shape)
+      x = jnp.where(keep, x / jnp.asarray(1.0 - self.lora_dropout, x.dtype), 0).astype(x.dtype)
     return y + ((x @ a) @ b) * jnp.asarray(self.lora_scale, y.dtype)
+
+
+@contextlib.contextmanager
+def dropout_rng(key: jax.Array | None):
+  """Adapter dropout on for the passes traced inside the block.
+
+  Args:
+    key: a PRNG key (typed or raw uint32 [2]), or None (the block changes nothing). Each
+      ``LoRALinear`` with ``lora_dropout > 0`` traced inside draws its mask from it (folded
+      with its layer and target index). Models without adapters, or with p = 0, ignore it.
+
+  Yields:
+    None. The key is set for the current thread and context only, and reset on exit.
+  """
+  token = _DROPOUT_KEY.set(key)
+  try:
+    yield
+  finally:
+    _DROPOUT_KEY.reset(token)
+
+
+@contextlib.contextmanager
+def layer_scope(layer):
+  """Inside ``dropout_rng``, the key of block ``layer`` (int or traced int32 scalar):
+  fold_in(key, layer); outside one it does nothing. The decoder's block loop and its layer
+  scan both open it, so the list and scan layouts draw the same masks."""
+  key = _DROPOUT_KEY.get()
+  if key is None:
+    yield
+    return
+  token = _DROPOUT_KEY.set(jax.random.fold_in(key, layer))
+  try:
+    yield
+  finally:
+    _DROPOUT_KEY.reset(token)
+
+
+def graph_dropout(graphdef: nnx.GraphDef) -> float:
+  """The largest ``lora_dropout`` of the ``LoRALinear`` layers in a policy graph (0.0 without
+  adapters, or for a graph whose attributes this flax version does not list)."""
+  rates = [getattr(v, "value", 0.0) for name, v in getattr(graphdef, "attributes", ())
+           if name == "lora_dropout"]
+  return max((float(r) for r in rates if isinstance(r, (int, float))), default=0.0)
+
+
+def dropout_active() -> bool:
+  """Whether a ``dropout_rng`` block with a key is open (at trace time)."""
+  return _DROPOUT_KEY.get() is not None
 
 
 def _targets(model, targets) -> list[tuple[Any, str]]:
@@ -90,8 +163,8 @@ def add_adapters(graphdef: nnx.GraphDef, params: nnx.State, spec: LoraSpec,
     key: PRNG key of the A matrices (one fold per layer and target).
 
   Returns:
-    (graphdef, params) of the same model whose targeted layers are ``LoRALinear``: the
-    base parameters unchanged (same paths, values and dtypes), A [.., in, r] ~ U(±1/√in)
+    (graphdef, params) of the same model whose targeted layers are ``LoRALinear`` (dropout
+    ``spec.dropout``, applied only inside ``dropout_rng``): the base parameters unchanged (same paths, values and dtypes), A [.., in, r] ~ U(±1/√in)
     and B [.., r, out] = 0, float32 ``nnx.LoRAParam`` whatever the base's dtype.
 
   Raises:
@@ -111,7 +184,8 @@ def add_adapters(graphdef: nnx.GraphDef, params: nnx.State, spec: LoraSpec,
     a = jax.random.uniform(jax.random.fold_in(key, i), (*lead, d_in, spec.rank), jnp.float32,
                            -bound, bound)
     b = jnp.zeros((*lead, spec.rank, d_out), jnp.float32)
-    setattr(parent, name, LoRALinear(base, a, b, spec.scale))
+    setattr(parent, name, LoRALinear(base, a, b, spec.scale, spec.dropout,
+                                     LORA_TARGETS.index(name)))
   return nnx.split(model)
 
 

@@ -29,7 +29,9 @@ class LoraSpec(Spec):
   Attributes:
     rank: r >= 0, the adapters' rank (0 = off: the whole policy trains).
     alpha: > 0, the scale numerator: the update is multiplied by alpha / rank.
-    dropout: the adapters' input dropout probability; only 0.0 is implemented.
+    dropout: p in [0, 1), the adapters' input dropout probability (PEFT's
+      ``lora_dropout``), in the learner's differentiated pass only (``models.lora``);
+      generation, evaluation and the behaviour log-probs stay deterministic.
     targets: the block layers that get adapters, a non-empty tuple of distinct names from
       ``LORA_TARGETS`` (attention q, k, v, o; SwiGLU gate, up, down).
   """
@@ -45,8 +47,7 @@ class LoraSpec(Spec):
     """Rules of the sub-section.
 
     Raises:
-      ConfigError: a target not in ``LORA_TARGETS``, an empty or repeated target list, or
-        ``dropout > 0`` (not implemented).
+      ConfigError: a target not in ``LORA_TARGETS``, or an empty or repeated target list.
     """
     if not self.targets:
       self.fail("targets", self.targets, f"must name at least one of {LORA_TARGETS}")
@@ -55,10 +56,6 @@ class LoraSpec(Spec):
         self.fail("targets", self.targets, f"each must be one of {LORA_TARGETS}{near(t, LORA_TARGETS)}")
     if len(set(self.targets)) != len(self.targets):
       self.fail("targets", self.targets, "must not repeat a name")
-    if self.dropout:
-      # Dropout on the adapters' input needs a random key per learner step threaded through
-      # the train step's forward passes, which take none today; RL LoRA recipes use 0.
-      self.fail("dropout", self.dropout, "must be 0.0 (adapter dropout is not implemented)")
 
   @property
   def enabled(self) -> bool:

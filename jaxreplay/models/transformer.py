@@ -25,6 +25,7 @@ L layers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -36,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxreplay.models import lora
 from jaxreplay.models.spec import REMAT_POLICIES
 from jaxreplay.parallel.sharding import (constrain_batch, constrain_vocab, constrain_whole,
                                          gather_params)
@@ -535,25 +537,30 @@ class Transformer(nnx.Module):
     remat = self.cfg.remat != "none"
     if self.cfg.scan_layers:
       graphdef, stacked = nnx.split(self.blocks)
+      # the layer index only feeds LoRA dropout's masks (lora.layer_scope)
+      layers = jnp.arange(self.cfg.n_layers, dtype=jnp.int32) if lora.dropout_active() else None
 
-      def body(x, layer):
+      def body(x, xs):
+        layer, i = xs
         # FSDP: this layer's weights, cast to the activation dtype (the cast each layer
         # makes anyway) and gathered; activations stay split over the batch.
         layer = gather_params(_cast_floats(layer, self.cfg.dtype))
-        return constrain_batch(nnx.merge(graphdef, layer)(constrain_batch(x), positions,
-                                                          attn_mask)), None
+        with lora.layer_scope(i) if i is not None else contextlib.nullcontext():
+          return constrain_batch(nnx.merge(graphdef, layer)(constrain_batch(x), positions,
+                                                            attn_mask)), None
 
       if remat:
         body = jax.checkpoint(body, policy=remat_policy(self.cfg.remat), prevent_cse=False)
-      x, _ = jax.lax.scan(body, x, stacked)
+      x, _ = jax.lax.scan(body, x, (stacked, layers))
       return x
-    for blk in self.blocks:
-      if remat:
-        graphdef, state = nnx.split(blk)
-        x = jax.checkpoint(lambda st, x: nnx.merge(graphdef, st)(x, positions, attn_mask),
-                           policy=remat_policy(self.cfg.remat))(state, x)
-      else:
-        x = blk(x, positions, attn_mask)
+    for i, blk in enumerate(self.blocks):
+      with lora.layer_scope(i):
+        if remat:
+          graphdef, state = nnx.split(blk)
+          x = jax.checkpoint(lambda st, x: nnx.merge(graphdef, st)(x, positions, attn_mask),
+                             policy=remat_policy(self.cfg.remat))(state, x)
+        else:
+          x = blk(x, positions, attn_mask)
     return x
 
   def __call__(self, tokens: jax.Array, mask: jax.Array) -> jax.Array:

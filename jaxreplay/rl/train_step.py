@@ -21,7 +21,7 @@ import optax
 from absl import logging
 from flax import nnx
 
-from jaxreplay.models.lora import join_adapters, split_adapters
+from jaxreplay.models.lora import dropout_rng, graph_dropout, join_adapters, split_adapters
 from jaxreplay.rl import diagnostics, losses, packing, value
 from jaxreplay.rl.objective import gae_advantages, item_weights, objective
 from jaxreplay.rl.scoring import (merge_micro_batches, micro_batches, packed_scores,
@@ -236,7 +236,10 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
   """The loss, metrics and gradient of one minibatch, accumulated over micro-batches.
 
   ``grad_fn(trainable, batch, weights, staleness, prox, ref, v_start, plan=None,
-  frozen=None) -> ((loss, metrics), grads)``, traceable (the caller jits). ``trainable`` is
+  frozen=None, dropout_key=None) -> ((loss, metrics), grads)``, traceable (the caller
+  jits). ``dropout_key`` (a PRNG key or None) turns LoRA adapter dropout on for the
+  differentiated passes (``models.lora.dropout_rng``): accumulation part k uses
+  fold_in(dropout_key, k), a whole-minibatch pass part 0's key. ``trainable`` is
   the policy's parameters, or ``(params, value_params)`` with a value head; with LoRA its
   params are the adapters and ``frozen`` the rest of the policy (``models.lora.split_adapters``),
   which gets no gradient.
@@ -283,9 +286,11 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
     params, value_params = trainable if spec.uses_value_head else (trainable, None)
     return join_adapters(params, frozen), value_params
 
-  def loss_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None, frozen=None):
+  def loss_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None, frozen=None,
+              dropout_key=None):
     params, value_params = split_trainable(trainable, frozen)
-    logp, ent, values = forward(params, value_params, batch, plan)
+    with dropout_rng(dropout_key):  # the differentiated pass alone (models.lora)
+      logp, ent, values = forward(params, value_params, batch, plan)
     adv = returns = None
     if spec.uses_value_head:  # bootstrapped from the values at the start of the step
       adv, returns = gae_advantages(spec, batch, values if v_start is None else v_start,
@@ -297,9 +302,10 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
   whole_grad = jax.value_and_grad(loss_fn, has_aux=True)
 
   def micro_loss(trainable, batch, w, stale, prox, ref, v_start, adv, returns, norm, plan,
-                 frozen):
+                 frozen, dropout_key):
     params, value_params = split_trainable(trainable, frozen)
-    logp, ent, values = forward(params, value_params, batch, plan)
+    with dropout_rng(dropout_key):
+      logp, ent, values = forward(params, value_params, batch, plan)
     return objective(spec, logp, ent, batch, w, stale, adv_bt=adv, returns_bt=returns,
                      prox_logp_bt=prox, ref_logp_bt=ref, values_bt=values,
                      start_values_bt=v_start, normaliser=norm)
@@ -315,17 +321,21 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
     adv, returns = gae_advantages(spec, batch, v_start, logp_bt=logp0, ref_logp_bt=ref)
     return v_start, adv, returns
 
-  def sum_parts(trainable, xs, part_args, frozen):
+  def sum_parts(trainable, xs, part_args, frozen, dropout_key):
     """Scans ``xs`` (leading axis: the parts), part x's loss taking ``micro_loss``'s
-    arguments ``part_args(x)`` (``batch`` to ``plan``); sums the float32 gradients and
-    combines the metrics."""
-    def accumulate(g_sum, x):
+    arguments ``part_args(x)`` (``batch`` to ``plan``) and dropout key fold_in(key, k);
+    sums the float32 gradients and combines the metrics."""
+    def accumulate(g_sum, xk):
+      x, k = xk
+      key = None if dropout_key is None else jax.random.fold_in(dropout_key, k)
       (loss, metrics), g = jax.value_and_grad(micro_loss, has_aux=True)(
-          trainable, *part_args(x), frozen)
+          trainable, *part_args(x), frozen, key)
       return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g), (loss, metrics)
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
-    g_sum, (loss_k, metrics_k) = jax.lax.scan(accumulate, zeros, xs)
+    n_parts = jax.tree.leaves(xs)[0].shape[0]
+    g_sum, (loss_k, metrics_k) = jax.lax.scan(accumulate, zeros,
+                                              (xs, jnp.arange(n_parts, dtype=jnp.int32)))
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), g_sum, trainable)
     # Parts are disjoint sets of loss tokens evaluated at the same parameters: token means
     # combine by token counts, exactly as minibatches of one epoch do.
@@ -337,15 +347,16 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
     mask = losses.loss_mask(batch.completion_mask, batch.truncated, spec.mask_truncated)
     return losses.aggregate_normaliser(mask, spec.aggregation)
 
-  def strided_grad_fn(trainable, batch, w, stale, prox, ref, v_start, frozen):
+  def strided_grad_fn(trainable, batch, w, stale, prox, ref, v_start, frozen, dropout_key):
     v_start, adv, returns = start_advantages(
         trainable, batch, ref, v_start, frozen, lambda fn: merge_micro_batches(jax.lax.map(
             lambda mb: fn((mb, None)), micro_batches(batch, n_micro))))
     norm = minibatch_normaliser(batch)
     xs = micro_batches((batch, w, stale, prox, ref, v_start, adv, returns), n_micro)
-    return sum_parts(trainable, xs, lambda x: (*x, norm, None), frozen)
+    return sum_parts(trainable, xs, lambda x: (*x, norm, None), frozen, dropout_key)
 
-  def packed_grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan, frozen):
+  def packed_grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan, frozen,
+                     dropout_key):
     v_start, adv, returns = start_advantages(
         trainable, batch, ref, v_start, frozen, lambda fn: packing.merge_steps(jax.lax.map(
             lambda p: fn((batch, p)), plan), plan))
@@ -356,25 +367,30 @@ def make_grad_fn(graphdef: nnx.GraphDef, algo, temperature: float, top_k: int = 
           completion_mask=batch.completion_mask & packing.step_rows(plan_s)[:, None])
       return rows, w, stale, prox, ref, v_start, adv, returns, norm, plan_s
 
-    return sum_parts(trainable, plan, step_args, frozen)
+    return sum_parts(trainable, plan, step_args, frozen, dropout_key)
 
-  def grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None, frozen=None):
+  def grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan=None, frozen=None,
+              dropout_key=None):
     # Accumulating takes the value head's extra pass even when the plan has one step, as
     # ``accounting.learner_forwards`` counts it.
     if plan is not None and (n_micro > 1 or plan.src.shape[0] > 1):
-      return packed_grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan, frozen)
+      return packed_grad_fn(trainable, batch, w, stale, prox, ref, v_start, plan, frozen,
+                            dropout_key)
     if plan is not None:
+      key = None if dropout_key is None else jax.random.fold_in(dropout_key, 0)
       return whole_grad(trainable, batch, w, stale, prox, ref, v_start,
-                        jax.tree.map(lambda x: x[0], plan), frozen)
+                        jax.tree.map(lambda x: x[0], plan), frozen, key)
     if n_micro == 1:
-      return whole_grad(trainable, batch, w, stale, prox, ref, v_start, None, frozen)
-    return strided_grad_fn(trainable, batch, w, stale, prox, ref, v_start, frozen)
+      key = None if dropout_key is None else jax.random.fold_in(dropout_key, 0)
+      return whole_grad(trainable, batch, w, stale, prox, ref, v_start, None, frozen, key)
+    return strided_grad_fn(trainable, batch, w, stale, prox, ref, v_start, frozen, dropout_key)
 
   return grad_fn
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, algo,
-                    temperature: float, top_k: int = 0, top_p: float = 1.0) -> Callable:
+                    temperature: float, top_k: int = 0, top_p: float = 1.0,
+                    seed: int = 0) -> Callable:
   """Builds the jitted ``train_step(state, batch, weights=None, staleness=None)``.
 
   ``train_step`` returns ``(state, metrics)``; the state is donated (no parameter-sized copy
@@ -400,6 +416,10 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     top_k, top_p: the sampler's truncation (``sampler.top_k`` / ``sampler.top_p``): the
       current and reference log-probs are taken under the same truncated distribution,
       so the ratio is 1 at identical parameters (see ``scoring.token_logprobs``).
+    seed: int, the stream of LoRA adapter dropout masks (``model.lora.dropout`` > 0 only;
+      ignored otherwise). Optimizer step u of the call at policy version v, accumulation
+      part k, draws from fold_in(fold_in(fold_in(key(seed), v), u), k), so the same seed
+      gives the same masks and a resumed run continues them.
 
   Returns:
     The train step, ``train_step(state, batch, weights=None, staleness=None, plan=None)``.
@@ -419,7 +439,10 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
   A policy with LoRA adapters (``models.lora.add_adapters``) updates only its
   ``nnx.LoRAParam`` leaves: the gradient, clip norm and optimizer step cover them alone,
-  and the frozen rest of ``state.params`` comes back unchanged.
+  and the frozen rest of ``state.params`` comes back unchanged. With adapter dropout only
+  the differentiated pass drops: the proximal, reference and value passes, like the
+  behaviour log-probs, see the deterministic policy, so the importance ratio of an
+  on-policy token is exp(log π_drop − log π), not 1.
 
   Raises:
     ValueError: invalid ``algo``, or ``algo.logprob_chunk > 0`` for a policy without
@@ -431,6 +454,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
   grad_fn = make_grad_fn(graphdef, spec, temperature, top_k, top_p)
   forward = _make_forward(graphdef, spec, temperature, top_k, top_p)
   by_micro_batch = _micro_batch_map(spec)
+  dropout_base = jax.random.key(seed) if graph_dropout(graphdef) > 0 else None
 
   def train_step(state: TrainState, batch: Rollout, weights=None, staleness=None, plan=None):
     b = batch.rewards.shape[0]
@@ -452,9 +476,12 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     idx = jnp.tile(jnp.arange(b).reshape(spec.num_minibatches, -1), (spec.update_epochs, 1))
     plans = None if plan is None else jax.tree.map(
         lambda x: jnp.tile(x, (spec.update_epochs,) + (1,) * (x.ndim - 1)), plan)
+    step_key = (None if dropout_base is None
+                else jax.random.fold_in(dropout_base, state.step))
     (trainable, opt_state, skipped), (per_update, norms) = jax.lax.scan(
-        _make_update(spec, grad_fn, optimizer, data, frozen),
-        (trainable, state.opt_state, state.skipped), (idx, plans))
+        _make_update(spec, grad_fn, optimizer, data, frozen, step_key),
+        (trainable, state.opt_state, state.skipped),
+        (idx, plans, jnp.arange(idx.shape[0], dtype=jnp.int32)))
     # --- the batch's metrics and the next policy version ----------------------------------
     metrics = diagnostics.combine_updates(per_update, spec.update_epochs, norms)
     # An ESS over rows is no weighted mean of the minibatches' ESS; it does not depend on
@@ -544,20 +571,22 @@ def _gradient_free_passes(spec: AlgoSpec, forward, by_micro_batch, state: TrainS
 
 
 def _make_update(spec: AlgoSpec, grad_fn, optimizer: optax.GradientTransformation, data,
-                 frozen) -> Callable:
+                 frozen, step_key=None) -> Callable:
   """The ``lax.scan`` body of one optimizer step on one minibatch.
 
-  ``(trainable, opt_state, skipped), (idx [B / num_minibatches] int32, plan | None)`` →
+  ``(trainable, opt_state, skipped), (idx [B / num_minibatches] int32, plan | None, u int32
+  scalar: the step's index in the call)`` →
   (the new carry, (metrics, the minibatch's loss normaliser)). A step whose loss or gradient
   norm is not finite leaves parameters and optimizer state as they were and counts in
   ``skipped``; with ``spec.skip_zero_gradient``, so does a step whose gradient norm is
   exactly zero (metric ``zero_gradient_skipped``; not counted in ``skipped``).
   """
   def one_update(carry, xs):
-    idx_m, plan_m = xs
+    idx_m, plan_m, u = xs
     trainable, opt_state, skipped = carry
     mb = jax.tree.map(lambda x: x[idx_m], data)
-    (loss, metrics), grads = grad_fn(trainable, *mb, plan_m, frozen)
+    key = None if step_key is None else jax.random.fold_in(step_key, u)  # LoRA dropout
+    (loss, metrics), grads = grad_fn(trainable, *mb, plan_m, frozen, key)
     gnorm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
     # a zero gradient carries no information, but Adam would still step along its momentum

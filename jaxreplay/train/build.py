@@ -349,7 +349,7 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
   buffer_sh = replay.state_sharding(jax.eval_shape(init_buffer), mesh, "data")
   buffer = jax.jit(init_buffer, out_shardings=buffer_sh)()
   train_step = make_train_step(graphdef, optimizer, algo, samp.temperature, samp.top_k,
-                               samp.top_p)
+                               samp.top_p, seed=c.seed)
   drift_fn = make_drift_fn(graphdef, samp.temperature, c.drift.num_samples,
                            algo.staleness_buckets, samp.top_k, samp.top_p, algo.logprob_chunk,
                            score_rows, pack=algo.pack_sequences) if c.drift.every else None
