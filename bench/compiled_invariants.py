@@ -29,9 +29,16 @@ bfloat16 as float32) and prints, as its last line::
   for the lognormal batch at 8 micro-batches (``learner_step``'s ``learner_padding``).
   Goal ≤ 0.15.
 
-Not measured by this script (printed ``na``): ``generator_ops_on_learner_devices``,
-``decode_collectives_per_token``, ``refresh_temp_gb_64x4k``, ``publish_extra_gb`` —
-the generator, weight-swap and publish parts of the invariants.
+* ``generator_ops_on_learner_devices``: implicit host-to-device transfers the generator
+  thread of an actor–learner split made onto a learner device, in a short run
+  (``generator_placement``: configs/small.py shrunk to a 1-layer d = 32 decoder, W = 4
+  generator and T = 4 learner devices, 3 learner steps) read from JAX's transfer guard log
+  (``jaxreplay.parallel.transfers``). Each is an eager op that ran on a learner device.
+  Goal 0. ``--no-generator`` skips it (``na``).
+
+Not measured by this script (printed ``na``): ``decode_collectives_per_token``,
+``refresh_temp_gb_64x4k``, ``publish_extra_gb`` — the per-device decode engines, weight-swap
+and publish parts of the invariants.
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ import time
 _FLAG = "--xla_force_host_platform_device_count"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" {_FLAG}=8").strip()
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 FIELDS = ("learner_activation_allreduce_ratio", "learner_collectives_vs_fsdp",
@@ -137,6 +145,60 @@ def compile_learner_update(cfg, tcfg, mesh, mask):
   return compiled, params, plan, time.time() - t0
 
 
+def generator_placement(workdir: str, steps: int = 3) -> tuple[int, int, int]:
+  """A short actor–learner run with the generator thread's transfers audited.
+
+  Args:
+    workdir: an empty directory (the run's checkpoints, its warm-start cache).
+    steps: learner steps.
+
+  Returns:
+    (implicit transfers onto a learner device, onto the generator devices as one device,
+     all implicit transfers) of the generator thread over the whole run.
+
+  Raises:
+    RuntimeError: the generator thread never ran.
+  """
+  import jax
+
+  from jaxreplay import config as config_lib
+  from jaxreplay.parallel import transfers
+  from jaxreplay.train import loop, split
+
+  c = config_lib.load_config(os.path.join(ROOT, "configs", "small.py"))
+  c.workdir = os.path.join(workdir, "run")
+  c.warmstart.update(cache_dir=os.path.join(workdir, "base"), steps=20, batch_size=32)
+  c.task.update(train_size=400, heldout_size=60)
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
+  c.rollout.update(per_step=16, group_size=4)
+  c.buffer.update(capacity=32, max_staleness=3)
+  c.train.update(steps=steps, batch_size=16, mode="async", weight_sync_every=1)
+  c.mesh.update(data=4, fsdp=1, tensor=1, generator_devices=4)
+  c.sampler.chunk_steps = 2
+  c.algo.warmup_steps = 1
+  c.eval.every = c.drift.every = 0
+  c.checkpoint.update(every=steps, keep_best=False)
+  c.log.update(progress=False, tensorboard=False)
+  audits = []
+  real_loop = split.Generator._loop
+
+  def audited(self):
+    with transfers.implicit_transfers() as seen:
+      real_loop(self)
+    audits.append((seen, {d.id for d in self._mesh.devices.flat}))
+
+  split.Generator._loop = audited
+  try:
+    loop.run(config_lib.validate(c), log=lambda *_: None)
+  finally:
+    split.Generator._loop = real_loop
+  if not audits:
+    raise RuntimeError("the split run started no generator thread")
+  seen, gen_ids = audits[0]
+  learner_ids = {d.id for d in jax.devices()} - gen_ids
+  return seen.onto(learner_ids), seen.onto(gen_ids), seen.total
+
+
 def format_line(values: dict) -> str:
   """The result line: every ``FIELDS`` key, ``na`` where not in ``values``."""
   def fmt(v):
@@ -151,6 +213,8 @@ def _parse(argv):
   p.add_argument("--config", default="configs/qwen2_5_7b_h100x8.py")
   p.add_argument("--layers", type=int, default=2, help="layers of the 7B-width model")
   p.add_argument("--seed", type=int, default=0, help="seed of the lognormal batch")
+  p.add_argument("--no-generator", action="store_true",
+                 help="skip the actor-learner run that audits the generator's placement")
   return p.parse_args(argv)
 
 
@@ -193,6 +257,15 @@ def main(argv=None) -> int:
   values = {k: r[k] for k in ("learner_activation_allreduce_ratio",
                               "learner_collectives_vs_fsdp")}
   values["packed_padding_accum8"] = packing.padding_fraction(plan)
+  if not args.no_generator:
+    import tempfile
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+      on_learner, on_gen, total = generator_placement(tmp)
+    print(f"generator thread (split W/T = 4/4, tiny decoder, {time.time() - t0:.0f} s): "
+          f"{total} implicit host-to-device transfers, {on_gen} onto a generator device "
+          f"alone, {on_learner} onto a learner device")
+    values["generator_ops_on_learner_devices"] = on_learner
   print(format_line(values))
   return 0
 

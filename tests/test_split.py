@@ -13,7 +13,8 @@ parameter layout, and a whole run on two sub-meshes of 8 fake CPU devices.
   recomputation under the parameters of the version it records; no batch holds an item
   older than ``buffer.max_staleness``; a checkpoint restores the learner side exactly; lost
   in-flight rollouts are counted; the idle/overlap fractions are fractions; the rows it
-  records are those its learner trained on.
+  records are those its learner trained on; the generator thread places no array on a
+  learner device (JAX's transfer guard log).
 """
 
 import jax
@@ -26,7 +27,7 @@ from conftest import restore, run, run_processes
 from jaxreplay.models import Transformer, TransformerConfig, lora
 from jaxreplay.models.spec import LoraSpec
 from jaxreplay.parallel import sharding as sharding_lib
-from jaxreplay.parallel import submesh
+from jaxreplay.parallel import submesh, transfers
 from jaxreplay.rl.scoring import token_logprobs
 from jaxreplay.sampling import engine, generate
 from jaxreplay.train import checkpoint as ckpt_lib
@@ -183,6 +184,13 @@ def split_run(tmp_path_factory, base_policy_cache):
   real_gen, real_publish, real_init = (generation.generate_rollouts, split.Generator.publish,
                                        split.Generator.__init__)
   real_save = ckpt_lib.save
+  real_loop = split.Generator._loop
+  audits = []
+
+  def loop_spy(self):  # the generator thread's implicit transfers, by destination
+    with transfers.implicit_transfers() as seen:
+      real_loop(self)
+    audits.append((seen, {d.id for d in self._mesh.devices.flat}))
 
   def gen_spy(src, params, *a, **kw):
     graphdefs.append(src.graphdef)
@@ -210,11 +218,24 @@ def split_run(tmp_path_factory, base_policy_cache):
     mp.setattr(split.Generator, "publish", publish_spy)
     mp.setattr(split.Generator, "__init__", init_spy)
     mp.setattr(ckpt_lib, "save", save_spy)
+    mp.setattr(split.Generator, "_loop", loop_spy)
     c = split_config(workdir, cache, steps=4)
     c.log.record_every, c.log.record_rollouts = 2, RECORDED  # samples/train_{2,4}.jsonl
     summary = run(c, log=lambda *_: None)
   return dict(workdir=workdir, cache=cache, made=made, published=published, saved=saved,
-              summary=summary, graphdef=graphdefs[0])
+              summary=summary, graphdef=graphdefs[0], audits=audits)
+
+
+@pytest.mark.slow
+def test_split_generator_thread_places_nothing_on_learner_devices(split_run):
+  # Eager ops place their host inputs on the thread's default device: learner device 0
+  # unless the generator thread sets its own (the round key's fold_in, the stop
+  # post-processing, the advantages).
+  (seen, generator_ids), = split_run["audits"]
+  learner_ids = {d.id for d in jax.devices()} - generator_ids
+  assert seen.total > 0  # the audit reads the guard's log: the rounds' own transfers
+  assert seen.onto(generator_ids) > 0
+  assert seen.onto(learner_ids) == 0, dict(seen.single)
 
 
 @pytest.mark.slow

@@ -109,11 +109,17 @@ class Generator:
 
   def __init__(self, *, run, params, version: int, position: int, inserted: int, sampled: int,
                size: int, key: jax.Array, clock: BusyClock):
-    # a host copy: the carry's key lives on the learner mesh, the rounds run on the other
-    self._key = jax.random.wrap_key_data(np.asarray(multihost.to_host(jax.random.key_data(key))),
-                                         impl=jax.random.key_impl(key))
     self._run, self._clock = run, clock
     self._mesh, self._r = run.source.mesh, run.rollout.per_step
+    # The thread's eager ops (the round key, the stop post-processing, the advantages) run
+    # on this process's first generator device: on the default device, learner device 0,
+    # they would queue behind the learner step running there.
+    self.device = next(d for d in self._mesh.devices.flat
+                       if d.process_index == jax.process_index())
+    # the carry's key lives on the learner mesh; the rounds' keys on the generator device
+    self._key = jax.device_put(
+        jax.random.wrap_key_data(np.asarray(multihost.to_host(jax.random.key_data(key))),
+                                 impl=jax.random.key_impl(key)), self.device)
     self.cond = threading.Condition()
     self.published = {version: params}  # version -> generator copy (the newest few)
     self.in_use = version
@@ -161,6 +167,10 @@ class Generator:
     return params, version
 
   def _loop(self):
+    with jax.default_device(self.device):  # thread-local
+      self._rounds()
+
+  def _rounds(self):
     try:
       while True:
         # --- WAIT for the rate limiter (every process must be allowed) ---------------------

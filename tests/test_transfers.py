@@ -1,0 +1,42 @@
+"""``parallel.transfers.implicit_transfers``: the placement audit counts a thread's implicit
+host-to-device transfers by destination device, not its explicit ``device_put`` calls nor
+another thread's transfers."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxreplay.parallel import transfers
+
+
+def test_implicit_transfers_are_counted_by_device_and_thread():
+  last = jax.devices()[-1]
+  with transfers.implicit_transfers() as seen:
+    jax.device_put(np.ones(3), last)  # explicit: not counted
+    jnp.asarray(np.ones(4))  # implicit, onto the default device
+    with jax.default_device(last):
+      jnp.asarray(np.ones(5))
+      jnp.asarray(np.ones(6))
+    other = threading.Thread(target=lambda: jnp.asarray(np.ones(7)))  # another thread
+    other.start()
+    other.join()
+  first = jax.devices()[0].id
+  want = {first: 1}
+  want[last.id] = want.get(last.id, 0) + 2
+  assert dict(seen.single) == want and seen.sharded == 0 and seen.total == 3
+  assert seen.onto([last.id]) == want[last.id]
+
+
+def test_parse_reads_the_guard_lines_and_ignores_the_rest():
+  seen = transfers.Transfers()
+  seen.parse(
+      "W1205 guard_lib.cc:125] host-to-device transfer: aval=ShapedArray(float32[3]), "
+      "dst_sharding=SingleDeviceSharding(device=CpuDevice(id=5), memory_kind=device)\n"
+      "some other warning id=3\n"
+      "W1205 guard_lib.cc:125] host-to-device transfer: aval=ShapedArray(float32[4]), "
+      "dst_sharding=NamedSharding(mesh=Mesh('d': 2, axis_types=(Auto,)), spec=P('d',), "
+      "memory_kind=device)\n")
+  assert dict(seen.single) == {5: 1} and seen.sharded == 1 and seen.total == 2
+  assert seen.onto([5, 6]) == 1 and seen.onto([3]) == 0
