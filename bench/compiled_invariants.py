@@ -36,9 +36,16 @@ bfloat16 as float32) and prints, as its last line::
   (``jaxreplay.parallel.transfers``). Each is an eager op that ran on a learner device.
   Goal 0. ``--no-generator`` skips it (``na``).
 
+* ``publish_extra_gb``: a publish's extra memory on a learner device of the actor–learner
+  preset (``--publish-config``, default configs/qwen2_5_7b_h200x8_split.py: W/T = 6/2, all
+  28 layers), in GB: the largest of the streamed publish's block programs
+  (``parallel.submesh.publish_programs``: a block replicated in bfloat16 on every learner
+  device), output plus temporaries less XLA:CPU's float32 copy of the gathered bf16 block
+  (``memory_plan._f32_weight_copies``; a GPU or TPU gathers bf16). Goal ≤ 2.
+
 Not measured by this script (printed ``na``): ``decode_collectives_per_token``,
-``refresh_temp_gb_64x4k``, ``publish_extra_gb`` — the per-device decode engines, weight-swap
-and publish parts of the invariants.
+``refresh_temp_gb_64x4k`` — the per-device decode engines and the weight-swap parts of the
+invariants.
 """
 
 from __future__ import annotations
@@ -145,6 +152,49 @@ def compile_learner_update(cfg, tcfg, mesh, mask):
   return compiled, params, plan, time.time() - t0
 
 
+def publish_extra(config_path: str) -> tuple[float, float, float, str]:
+  """The streamed publish's extra memory on a learner device, from compiled programs.
+
+  Args:
+    config_path: an actor–learner preset (``mesh.generator_devices`` > 0) of 8 devices.
+
+  Returns:
+    (GB without XLA:CPU's float32 copies, GB with them, GB of a whole bfloat16 replica —
+     what a publish gathered at once before streaming —, the largest block's path).
+  """
+  import jax
+  import jax.numpy as jnp
+
+  from jaxreplay import config as config_lib
+  from jaxreplay.models import hf
+  from jaxreplay.parallel import sharding as sharding_lib
+  from jaxreplay.parallel import submesh
+  from memory_plan import _bytes, _f32_weight_copies, model_config
+
+  cfg = config_lib.load_config(config_path)
+  tcfg = model_config(cfg, config_path)
+  _, params = hf.abstract_model(tcfg)
+  w = int(cfg.mesh.generator_devices)
+  learner_mesh, _ = submesh.make_meshes(config_lib.mesh_shape(cfg, jax.device_count() - w), w,
+                                        int(cfg.mesh.get("generator_tensor", 1) or 1))
+  dtype = jnp.dtype(cfg.model.dtype)
+  shardings = sharding_lib.param_shardings(params, learner_mesh)
+  worst = (0, 0, "")
+  for path, (program, args) in submesh.publish_programs(params, shardings, dtype).items():
+    compiled = program.lower(*args).compile()
+    b = _bytes(compiled.memory_analysis())
+    x = args[0]
+    block = jax.ShapeDtypeStruct(x.shape[1:] if len(args) > 1 else x.shape, dtype,
+                                 sharding=sharding_lib.NamedSharding(learner_mesh,
+                                                                     sharding_lib.P()))
+    f32 = min(b["temp"], _f32_weight_copies(compiled.as_text(), [block]))
+    with_copies = b["out"] + b["temp"]
+    if with_copies - f32 > worst[0]:
+      worst = (with_copies - f32, with_copies, path)
+  return (worst[0] / 1e9, worst[1] / 1e9, submesh.publish_bytes(params, dtype) / 1e9,
+          worst[2])
+
+
 def generator_placement(workdir: str, steps: int = 3) -> tuple[int, int, int]:
   """A short actor–learner run with the generator thread's transfers audited.
 
@@ -213,6 +263,8 @@ def _parse(argv):
   p.add_argument("--config", default="configs/qwen2_5_7b_h100x8.py")
   p.add_argument("--layers", type=int, default=2, help="layers of the 7B-width model")
   p.add_argument("--seed", type=int, default=0, help="seed of the lognormal batch")
+  p.add_argument("--publish-config", default="configs/qwen2_5_7b_h200x8_split.py",
+                 help="the actor-learner preset whose publish is planned")
   p.add_argument("--no-generator", action="store_true",
                  help="skip the actor-learner run that audits the generator's placement")
   return p.parse_args(argv)
@@ -257,6 +309,11 @@ def main(argv=None) -> int:
   values = {k: r[k] for k in ("learner_activation_allreduce_ratio",
                               "learner_collectives_vs_fsdp")}
   values["packed_padding_accum8"] = packing.padding_fraction(plan)
+  extra, extra_cpu, replica, path = publish_extra(args.publish_config)
+  print(f"publish ({args.publish_config}): largest block {path}, {extra:.2f} GB per learner "
+        f"device ({extra_cpu:.2f} GB with XLA:CPU's float32 gather); a whole bf16 replica "
+        f"is {replica:.2f} GB")
+  values["publish_extra_gb"] = extra
   if not args.no_generator:
     import tempfile
     t0 = time.time()

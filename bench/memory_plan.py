@@ -33,8 +33,9 @@ The actor–learner split (``mesh.generator_devices`` W > 0, ``train.mode='async
 ``jaxreplay/train/split.py``): the two sub-meshes are planned apart. On the learner mesh
 (the config's data/fsdp/tensor, or ``--mesh``, over T = N − W·P devices) the learner step,
 the scoring and evaluation passes and, in place of the sampler, the weight sync's gather
-(``parallel.submesh.make_weight_sync``: a whole replica in ``model.dtype`` on every learner
-device, the rest of the state and the buffer resident). On the generator mesh
+(``parallel.submesh.make_weight_sync``: streamed, the largest block — one leaf, or one layer
+of a scan-layout leaf — replicated in ``model.dtype`` on every learner device, the rest of
+the state and the buffer resident). On the generator mesh
 (W·P / generator_tensor, 1, generator_tensor) the sampler on the inference copy
 (``model.dtype``, ``sharding.param_shardings`` of that mesh: replicated over data, split over
 tensor), plus one more copy resident: the next published version, which arrives while this
@@ -237,38 +238,43 @@ def _engine_peak(cfg, graphdef, params, mesh, slots, requests, temperature, top_
 
 def _sync_programs(cfg, params, shardings, replicated, resident: int) -> dict:
   """The actor–learner split's weight sync on the learner mesh
-  (``parallel.submesh.make_weight_sync``): one jit casts the parameters to the inference
-  dtype and gathers a whole replica of them onto every learner device, which then copies
-  its blocks to the generator devices.
+  (``parallel.submesh.make_weight_sync``): streamed block by block, each block (a leaf, or
+  one layer of a scan-layout leaf) cast to the inference dtype and gathered to a replica on
+  every learner device, then copied to the generator devices before the next block. Its
+  peak is the largest block's program (``submesh.publish_programs``).
 
-  Without LoRA every publish moves the whole policy: ``weight sync``. With LoRA two moves,
-  each its own jit: ``weight sync`` gathers the adapters alone (every publish) and
-  ``first sync`` the frozen base (the first publish only; the generator keeps that copy).
+  Without LoRA every publish moves the whole policy: ``weight sync``. With LoRA two moves:
+  ``weight sync`` gathers the adapters alone (every publish) and ``first sync`` the frozen
+  base (the first publish only; the generator keeps that copy).
 
   Returns:
-    dict: name -> (per-device bytes of the compiled gather, with ``cpu_f32_weights``;
-    ``resident``).
+    dict: name -> (per-device bytes of the largest block's compiled gather, with
+    ``cpu_f32_weights``; ``resident``).
   """
   import jax
   import jax.numpy as jnp
 
   from jaxreplay.models import lora as lora_lib
+  from jaxreplay.parallel import submesh
   dtype = jnp.dtype(cfg.model.dtype)
-  cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
   adapters, frozen = lora_lib.split_adapters(params)
   moves = {"weight sync": (adapters, lora_lib.split_adapters(shardings)[0])}
   if frozen is not None:
     moves["first sync"] = (frozen, lora_lib.split_adapters(shardings)[1])
   out = {}
   for name, (tree, sh) in moves.items():
-    gather = jax.jit(lambda p: jax.tree.map(cast, p),
-                     out_shardings=jax.tree.map(lambda _: replicated, sh))
-    sync = gather.lower(tree).compile()
-    b = _bytes(sync.memory_analysis())
-    replica = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-        x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
-        sharding=replicated), tree)
-    b["cpu_f32_weights"] = min(b["temp"], _f32_weight_copies(sync.as_text(), replica))
+    best = None
+    for program, args in submesh.publish_programs(tree, sh, dtype).values():
+      compiled = program.lower(*args).compile()
+      b = _bytes(compiled.memory_analysis())
+      if best is None or b["total"] > best[0]["total"]:
+        best = (b, compiled, args)
+    b, compiled, args = best
+    x = args[0]
+    block = jax.ShapeDtypeStruct(x.shape[1:] if len(args) > 1 else x.shape,
+                                 dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
+                                 sharding=replicated)
+    b["cpu_f32_weights"] = min(b["temp"], _f32_weight_copies(compiled.as_text(), [block]))
     out[name] = (b, resident)
   return out
 
@@ -625,7 +631,7 @@ def report(result: dict, cfg, config_path: str, devices: int, chip: str) -> str:
       f"  +resident: total + the state and buffer not among the program's arguments "
       f"(weight sync: {gb(lp['sampler_resident']).strip()} GB)",
       f"  of the {sync}'s temp, {gb(lp[sync]['cpu_f32_weights']).strip()} GB are "
-      f"XLA:CPU's float32 all-gather of the bf16 replica (a GPU/TPU gathers bf16)",
+      f"XLA:CPU's float32 all-gather of the largest bf16 block (a GPU/TPU gathers bf16)",
       _peak_line("  learner mesh peak per device", lp["peak"], result["hbm"], lp["fits"],
                  result["pool_fraction"]),
       f"generator mesh ({gp['devices']} devices; inference copy in {cfg.model.dtype}, "

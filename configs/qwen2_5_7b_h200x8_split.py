@@ -13,8 +13,9 @@ the paper's most used split (Arnal et al. 2026; γ = 0.65 at Qwen2.5-7B's μ = 5
 Settings the split needs or suggests:
 
 * ``train.weight_sync_every=2``: the paper's workers take new weights "every few steps"
-  (interval not stated). Each publish gathers a whole bf16 replica (15.2 GB) on every
-  learner GPU and copies it to the 6 generator GPUs, and after a swap the generator
+  (interval not stated). Each publish streams a whole bf16 replica (15.2 GB) to the 6
+  generator GPUs, one block (a layer's tensor, or the embedding) at a time from both learner
+  GPUs in turn, and after a swap the generator
   re-prefills its decoding slots; every 2 steps halves that work while the sampling policy
   stays within about 2 versions of the learner's, small against the buffer's horizon.
 * ``rollout.behaviour_logprobs='sampler'``: the generator has no learner forward to
@@ -34,25 +35,26 @@ Settings the split needs or suggests:
   learner mesh (2 devices):
   per device, GB        args      out  aliased     temp    total   +resident
     learner         45.70    45.70    45.70    44.61    90.31      90.31
-    weight sync     15.23    15.23     0.00    30.46    60.92      91.39
+    weight sync      1.09     1.09     0.00     2.18     4.36      34.83
     drift           15.24     0.00     0.00     6.94    22.18      52.64
     eval sampler    25.68    10.45    10.45    23.56    49.24      79.71
     eval entropy    15.23     0.00     0.00     4.74    19.97      50.44
-    learner mesh peak per device: 91.39 GB of 141 GB (65%); fits JAX's pool 0.9 x 141 =
+    learner mesh peak per device: 90.31 GB of 141 GB (64%); fits JAX's pool 0.9 x 141 =
       126.9 GB with 20% headroom (<= 101.5 GB): yes
   generator mesh (6 devices; inference copy in bfloat16, 15.23 GB per device):
     sampler         16.13     0.90     0.90    33.11    49.24      64.47
     generator mesh peak per device: 64.47 GB of 141 GB (46%); fits JAX's pool 0.9 x 141 =
       126.9 GB with 20% headroom (<= 101.5 GB): yes
-  (30.46 GB of the weight sync's and of the sampler's temp are XLA:CPU's float32 copies of
-  bf16 weights, which a GPU does not make: 90.31 and 34.01 GB without them.)
+  (2.18 GB of the weight sync's temp and 30.46 GB of the sampler's are XLA:CPU's float32
+  copies of bf16 weights, which a GPU does not make: 90.31 and 34.01 GB without them.)
 
 On one H100 node (80 GB) the 2-GPU learner does not fit on any backend: its float32
 parameters and Adam state are 45.7 GB per GPU and the step adds the float32 gradient and
 its accumulator (90.31 GB). On H100s run 6/2 per node on two nodes (``launch/slurm_gpu.sh``;
 the learner's fsdp spans 4 GPUs; ``--devices 16 --processes 2 --chip h100``: learner step
-49.28 GB, generator 32.79 GB without XLA:CPU's float32 copies, the weight sync 68.34 GB with
-them), or 4/4 on one node (``--config.mesh.generator_devices=4``: the same learner figures).
+49.04 GB, generator 32.79 GB without XLA:CPU's float32 copies — 63.26 GB with them, which the
+plan's verdict counts and which does not fit its 57.6 GB bound —, the weight sync 19.05 GB
+with the resident state), or 4/4 on one node (``--config.mesh.generator_devices=4``: the same learner figures).
 """
 
 from jaxreplay.config import sibling_config
@@ -61,8 +63,8 @@ from jaxreplay.config import sibling_config
 def get_config():
   c = sibling_config(__file__, "qwen2_5_7b_h100x8")
   c.workdir = "runs/qwen2_5_7b_split"
-  # The learner mesh's plan peaks at 91.39 GB (below); JAX's default GPU pool, 0.75 x 141 =
-  # 105.75 GB, would leave it 14% headroom, 0.9 (126.9 GB) leaves 28%, above the plan's 20%.
+  # The learner mesh's plan peaks at 90.31 GB (above); JAX's default GPU pool, 0.75 x 141 =
+  # 105.75 GB, would leave it 15% headroom, 0.9 (126.9 GB) leaves 29%, above the plan's 20%.
   c.train.update(mode="async", weight_sync_every=2, device_memory_fraction=0.9)
   c.mesh.update(data=1, fsdp=-1, tensor=1, generator_devices=6, generator_tensor=1)
   c.rollout.behaviour_logprobs = "sampler"

@@ -116,6 +116,37 @@ def test_weight_sync_casts_to_the_inference_dtype():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.bfloat16)))
 
 
+@pytest.mark.parametrize("generator_tensor", [1, 2])
+def test_publish_streams_one_layer_at_a_time_from_every_learner_device(generator_tensor):
+  import dataclasses
+  cfg = dataclasses.replace(CFG, scan_layers=True, n_layers=4)
+  _, params = nnx.split(Transformer(cfg, nnx.Rngs(0)), nnx.Param)
+  learner_mesh, gen_mesh = submesh.make_meshes((1, 4, 1), 4, generator_tensor)
+  learner_sh = sharding_lib.param_shardings(params, learner_mesh)
+  gen_sh = sharding_lib.param_shardings(params, gen_mesh)
+  sync = submesh.make_weight_sync(learner_sh, gen_sh, jnp.bfloat16)
+  out = sync(jax.device_put(params, learner_sh))
+  for a, b, sh in zip(jax.tree.leaves(out), jax.tree.leaves(params), jax.tree.leaves(gen_sh)):
+    assert a.dtype == jnp.bfloat16 and a.sharding == sh
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.bfloat16)))
+  # a block: one layer of a stacked block parameter [L = 4, ...], or a whole other leaf;
+  # the largest here is one layer of the MLP (32 x 64) or the embedding (64 x 32), 2 bytes
+  flat = {sharding_lib.path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(params)}
+  block = lambda k, v: v.size // (cfg.n_layers if k.startswith("blocks/") else 1) * 2
+  assert sync.peak_block_bytes == max(block(k, v) for k, v in flat.items()) == 64 * 32 * 2
+  whole = submesh.publish_bytes(params, jnp.bfloat16)
+  assert sync.bytes_moved == whole and sync.peak_block_bytes < whole / 10
+  # the 4 generator devices' parts come from the 4 learner replicas in turn: each learner
+  # device sends one generator device's share of every block
+  learner_ids = sorted(d.id for d in learner_mesh.devices.flat)
+  assert sorted(sync.sent_from) == learner_ids
+  assert len(set(sync.sent_from.values())) == 1  # evenly
+  if generator_tensor == 1:  # each generator device a whole replica
+    assert sync.sent_from[learner_ids[0]] == whole
+  else:  # each half a replica, less the leaves the tensor axis leaves whole (norms)
+    assert whole // 2 < sync.sent_from[learner_ids[0]] < whole
+
+
 def test_lora_publish_moves_the_base_once_then_only_the_adapters():
   graphdef, params = nnx.split(Transformer(CFG, nnx.Rngs(0)))
   _, params = lora.add_adapters(graphdef, params, LoraSpec(rank=2, alpha=4.0),

@@ -114,21 +114,138 @@ def publish_bytes(params: Any, dtype, adapters_only: bool = False) -> int:
   return sum(size(x) for x in jax.tree.leaves(params))
 
 
-def _make_move(learner_shardings: Any, generator_shardings: Any, dtype
-               ) -> Callable[[Any], Any]:
-  """``move(params) -> generator params`` for one pytree: cast and gather on the learner
-  mesh, then copy each process's own blocks onto the generator mesh (``make_weight_sync``)."""
-  replicated = jax.tree.map(lambda s: NamedSharding(s.mesh, P()), learner_shardings)
-  gather = jax.jit(functools.partial(jax.tree.map, lambda x: _cast(x, dtype)),
-                   out_shardings=replicated)
+def _stacked(path: str, sharding: NamedSharding, ndim: int) -> bool:
+  """A scan-layout block parameter ([L, ...], ``blocks/attn/q/kernel``) whose layer axis
+  the learner does not split: it moves one layer at a time."""
+  parts = path.split("/")
+  spec = tuple(sharding.spec)
+  return (ndim >= 2 and len(parts) > 1 and parts[0] == "blocks" and not parts[1].isdigit()
+          and (not spec or spec[0] is None))
 
-  def copy_local(x: jax.Array, target: NamedSharding) -> jax.Array:
-    local = x.addressable_shards[0].data
+
+@functools.lru_cache(maxsize=None)
+def _gather_program(mesh: Mesh, dtype, layer: bool):
+  """jit on ``mesh``: (x[, i]) -> x (or x[i]) cast to ``dtype``, replicated on every device
+  of the mesh (an all-gather of that block only)."""
+  out = NamedSharding(mesh, P())
+  if layer:
+    return jax.jit(lambda x, i: _cast(jax.lax.dynamic_index_in_dim(x, i, 0, False), dtype),
+                   out_shardings=out)
+  return jax.jit(lambda x: _cast(x, dtype), out_shardings=out)
+
+
+# writes one layer into a generator device's [L, ...] buffer in place (the buffer donated)
+_put_layer = jax.jit(lambda buf, block, i: jax.lax.dynamic_update_index_in_dim(buf, block, i, 0),
+                     donate_argnums=0)
+
+
+class _Move:
+  """``move(params) -> generator params`` for one pytree, streamed block by block.
+
+  A block is one leaf, or one layer of a scan-layout block parameter (``_stacked``). For
+  each block in turn: a jit on the learner mesh casts it to ``dtype`` and gathers it to a
+  replica on every learner device; then each process copies, device to device, the part
+  each of its generator devices holds (``addressable_devices_indices_map``) from one of its
+  local learner replicas, taking the replicas in turn so the copies spread over the learner
+  devices; the call waits for those copies before the next block, so a learner device holds
+  one block's replica at a time. Layers land in a per-device [L, ...] buffer in place
+  (``_put_layer``); each leaf is then assembled as a global array
+  (``jax.make_array_from_single_device_arrays``). No process reads another's memory.
+
+  Attributes:
+    peak_block_bytes: int, the largest block replica of the last call (bytes on one learner
+      device): the publish's extra memory there, besides XLA's temporaries.
+    sent_from: dict learner device id -> bytes copied from it in the last call.
+  """
+
+  def __init__(self, learner_shardings: Any, generator_shardings: Any, dtype):
+    self._dtype = dtype
+    self._layered = jax.tree_util.tree_map_with_path(
+        lambda p, sh: sharding_lib.path_str(p), learner_shardings)
+    self._learner, self._generator = learner_shardings, generator_shardings
+    self.peak_block_bytes = 0
+    self.sent_from: dict[int, int] = {}
+
+  def __call__(self, params: Any) -> Any:
+    self.peak_block_bytes, self.sent_from = 0, {}
+    return jax.tree.map(self._leaf, params, self._learner, self._generator, self._layered)
+
+  def _copies(self, replica: jax.Array, target: NamedSharding, shape, parts):
+    """Copies each addressable generator device's part of ``replica`` (a block replicated
+    on the learner devices) onto it; ``parts(device) -> index`` into the block."""
+    local = replica.addressable_shards
+    out = {}
+    for k, d in enumerate(target.addressable_devices):
+      src = local[k % len(local)]
+      piece = src.data[parts(d)]
+      out[d] = jax.device_put(piece, d)
+      self.sent_from[src.device.id] = (self.sent_from.get(src.device.id, 0) +
+                                       piece.size * piece.dtype.itemsize)
+    self.peak_block_bytes = max(self.peak_block_bytes,
+                                replica.size * replica.dtype.itemsize)
+    return out
+
+  def _leaf(self, x: jax.Array, learner: NamedSharding, target: NamedSharding, path: str):
     index = target.addressable_devices_indices_map(x.shape)
-    blocks = [jax.device_put(local[index[d]], d) for d in target.addressable_devices]
-    return jax.make_array_from_single_device_arrays(x.shape, target, blocks)
+    if not _stacked(path, learner, x.ndim) or any(
+        index[d][0] != slice(None) and index[d][0] != slice(0, x.shape[0])
+        for d in target.addressable_devices):
+      replica = _gather_program(learner.mesh, self._dtype, False)(x)
+      blocks = self._copies(replica, target, x.shape, lambda d: index[d])
+      jax.block_until_ready(list(blocks.values()))
+      del replica
+      return jax.make_array_from_single_device_arrays(
+          x.shape, target, [blocks[d] for d in target.addressable_devices])
+    gather = _gather_program(learner.mesh, self._dtype, True)
+    bufs = None
+    for i in range(x.shape[0]):
+      replica = gather(x, np.int32(i))
+      pieces = self._copies(replica, target, x.shape, lambda d: index[d][1:])
+      if bufs is None:
+        bufs = {d: jnp.zeros((x.shape[0],) + p.shape, p.dtype, device=d)
+                for d, p in pieces.items()}
+      bufs = {d: _put_layer(bufs[d], pieces[d], np.int32(i)) for d in bufs}
+      jax.block_until_ready(list(bufs.values()))
+      del replica, pieces
+    return jax.make_array_from_single_device_arrays(
+        x.shape, target, [bufs[d] for d in target.addressable_devices])
 
-  return lambda params: jax.tree.map(copy_local, gather(params), generator_shardings)
+
+def publish_programs(params: Any, learner_shardings: Any, dtype) -> dict:
+  """The streamed publish's gather programs (``_Move``), one per distinct block, for memory
+  plans and compiled-program checks: nothing runs.
+
+  Args:
+    params: the learner's parameter pytree (arrays or ``ShapeDtypeStruct``s).
+    learner_shardings: the same pytree's ``NamedSharding``s on the learner mesh.
+    dtype: the inference copy's floating dtype.
+
+  Returns:
+    dict path of the first leaf with that block -> (jitted gather, abstract arguments):
+    ``jitted.lower(*arguments).compile()`` is the program a publish runs for that block
+    (a scan-layout leaf [L, ...] with a layer index, int32 scalar; another leaf whole).
+  """
+  out, seen = {}, set()
+
+  def add(path, x, sh):
+    name = sharding_lib.path_str(path)
+    layer = _stacked(name, sh, len(x.shape))
+    key = (tuple(x.shape), str(jnp.dtype(x.dtype)), sh, layer)
+    if key in seen:
+      return
+    seen.add(key)
+    args = (jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),)
+    if layer:
+      args += (jax.ShapeDtypeStruct((), jnp.int32),)
+    out[name] = (_gather_program(sh.mesh, dtype, layer), args)
+
+  jax.tree_util.tree_map_with_path(add, params, learner_shardings)
+  return out
+
+
+def _make_move(learner_shardings: Any, generator_shardings: Any, dtype) -> _Move:
+  """The streamed ``move(params) -> generator params`` of one pytree (``_Move``)."""
+  return _Move(learner_shardings, generator_shardings, dtype)
 
 
 class WeightSync:
@@ -137,44 +254,59 @@ class WeightSync:
   Attributes:
     bytes_moved: int, the bytes the last call moved (``publish_bytes`` of what it moved);
       0 before the first call.
+    peak_block_bytes: int, the largest block the last call replicated on a learner device
+      (one leaf, or one layer of a scan-layout leaf, in ``dtype``): the publish's extra
+      memory on a learner device, besides XLA's temporaries.
+    sent_from: dict learner device id -> bytes the last call copied from that device.
     frozen: with LoRA, the generator's cached copy of the frozen base (``nnx.State`` on the
       generator mesh, in ``dtype``) after the first call, else None.
   """
 
-  def __init__(self, move: Callable[[Any], Any], move_frozen: Callable[[Any], Any] | None,
-               dtype):
+  def __init__(self, move: "_Move", move_frozen: "_Move | None", dtype):
     """``move``: the whole pytree's move, or with LoRA the adapters'; ``move_frozen``: the
     frozen base's (LoRA) or None."""
     self._move, self._move_frozen, self._dtype = move, move_frozen, dtype
-    self.bytes_moved = 0
+    self.bytes_moved = self.peak_block_bytes = 0
+    self.sent_from: dict[int, int] = {}
     self.frozen = None
 
   def __call__(self, params):
+    moves = [self._move]
     if self._move_frozen is None:
       self.bytes_moved = publish_bytes(params, self._dtype)
-      return self._move(params)
-    adapters, frozen = lora_lib.split_adapters(params)
-    moved = 0
-    if self.frozen is None:  # the base never trains: one copy serves every later publish
-      self.frozen = self._move_frozen(frozen)
-      moved = publish_bytes(frozen, self._dtype)
-    self.bytes_moved = moved + publish_bytes(adapters, self._dtype)
-    return lora_lib.join_adapters(self._move(adapters), self.frozen)
+      out = self._move(params)
+    else:
+      adapters, frozen = lora_lib.split_adapters(params)
+      moved = 0
+      if self.frozen is None:  # the base never trains: one copy serves every later publish
+        self.frozen = self._move_frozen(frozen)
+        moved = publish_bytes(frozen, self._dtype)
+        moves.append(self._move_frozen)
+      self.bytes_moved = moved + publish_bytes(adapters, self._dtype)
+      out = lora_lib.join_adapters(self._move(adapters), self.frozen)
+    self.peak_block_bytes = max(m.peak_block_bytes for m in moves)
+    self.sent_from = {}
+    for m in moves:
+      for k, v in m.sent_from.items():
+        self.sent_from[k] = self.sent_from.get(k, 0) + v
+    return out
 
 
 def make_weight_sync(learner_shardings: Any, generator_shardings: Any, dtype) -> WeightSync:
   """Builds ``sync(params) -> generator params``: the learner's parameters, cast to
   ``dtype``, in the generator's layout on the generator mesh.
 
-  Two steps, both on JAX's runtime: a jit on the learner mesh casts (before moving, so
-  half the bytes move in bfloat16) and gathers every parameter to a replica on each
-  learner device (an all-gather per parameter over the learner mesh); then each process
-  copies, device to device, the blocks its own generator devices hold
-  (``addressable_devices_indices_map``) from a local replica and assembles the global
-  array (``jax.make_array_from_single_device_arrays``). No process reads another's
-  memory, which is why this works across processes where ``jax.device_put`` between two
-  device sets does not (multi-controller JAX refuses a cross-host reshard onto another
-  device set). Peak memory: one whole replica per learner device during the call.
+  Streamed block by block (``_Move``), both steps on JAX's runtime: a jit on the learner
+  mesh casts one block (a leaf, or one layer of a scan-layout leaf) to ``dtype`` (before
+  moving, so half the bytes move in bfloat16) and gathers it to a replica on each learner
+  device; then each process copies, device to device, the parts its own generator devices
+  hold (``addressable_devices_indices_map``) from its local replicas in turn and assembles
+  the global array (``jax.make_array_from_single_device_arrays``). No process reads
+  another's memory, which is why this works across processes where ``jax.device_put``
+  between two device sets does not (multi-controller JAX refuses a cross-host reshard onto
+  another device set). Extra memory on a learner device: one block's replica at a time
+  (``WeightSync.peak_block_bytes``; at Qwen2.5-7B widths the largest is the embedding,
+  152064 × 3584 in bfloat16, 1.09 GB, where a whole replica is 15.2 GB).
 
   With LoRA (``nnx.LoRAParam`` leaves in the shardings), the first call moves the whole
   policy as above and keeps the generator's copy of the frozen base (``WeightSync.frozen``);
