@@ -43,9 +43,14 @@ bfloat16 as float32) and prints, as its last line::
   device), output plus temporaries less XLA:CPU's float32 copy of the gathered bf16 block
   (``memory_plan._f32_weight_copies``; a GPU or TPU gathers bf16). Goal ≤ 2.
 
-Not measured by this script (printed ``na``): ``decode_collectives_per_token``,
-``refresh_temp_gb_64x4k`` — the per-device decode engines and the weight-swap parts of the
-invariants.
+* ``refresh_temp_gb_64x4k``: the temporaries of a weight swap's re-prefill
+  (``sampling.engine._refresh``) of 64 slots × 4,096 positions on one device, Qwen2.5-7B
+  widths and all 28 layers, bfloat16 weights, at the slot block the engine picks
+  (``refresh_slot_block``), in GB: XLA:CPU's memory analysis less its float32 copies of the
+  bf16 weights (``memory_plan._f32_weight_copies``). Goal ≤ 14.
+
+Not measured by this script (printed ``na``): ``decode_collectives_per_token`` — one decode
+engine per generator device, without collectives.
 """
 
 from __future__ import annotations
@@ -195,6 +200,44 @@ def publish_extra(config_path: str) -> tuple[float, float, float, str]:
           worst[2])
 
 
+def refresh_temp(config_path: str, slots: int = 64, width: int = 4096,
+                 slot_block: int | None = None) -> tuple[float, float, int]:
+  """Temporaries of the weight-swap re-prefill at 7B widths, from its compiled program.
+
+  Args:
+    config_path: a 7B preset (its architecture, all its layers; weights in ``model.dtype``).
+    slots, width: the engine state's slots and the re-prefill width (= cache capacity).
+    slot_block: slots re-prefilled together (None: ``engine.refresh_slot_block``'s pick; 0:
+      all at once).
+
+  Returns:
+    (GB without XLA:CPU's float32 weight copies, GB with them, the slot block).
+  """
+  import dataclasses
+
+  import jax
+  import jax.numpy as jnp
+
+  from jaxreplay import config as config_lib
+  from jaxreplay.models import hf
+  from jaxreplay.sampling import engine
+  from memory_plan import _f32_weight_copies, model_config
+
+  cfg = config_lib.load_config(config_path)
+  dtype = jnp.dtype(cfg.model.dtype)
+  tcfg = dataclasses.replace(model_config(cfg, config_path), param_dtype=dtype)
+  graphdef, params = hf.abstract_model(tcfg)
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), params)
+  state = jax.eval_shape(lambda: engine.init_state(tcfg, slots, width, slots, 1, 0))
+  block = engine.refresh_slot_block(tcfg, slots, width) if slot_block is None else slot_block
+  compiled = engine._refresh.lower(graphdef, params, state, width=width, mesh=None,
+                                   slot_block=block).compile()
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  f32 = min(temp, _f32_weight_copies(compiled.as_text(), params))
+  return (temp - f32) / 1e9, temp / 1e9, block
+
+
 def generator_placement(workdir: str, steps: int = 3) -> tuple[int, int, int]:
   """A short actor–learner run with the generator thread's transfers audited.
 
@@ -314,6 +357,11 @@ def main(argv=None) -> int:
         f"device ({extra_cpu:.2f} GB with XLA:CPU's float32 gather); a whole bf16 replica "
         f"is {replica:.2f} GB")
   values["publish_extra_gb"] = extra
+  refresh, refresh_cpu, block = refresh_temp(args.publish_config)
+  print(f"weight-swap re-prefill (64 slots x 4,096, 28 layers of 7B width, {block} slot(s) "
+        f"at a time): {refresh:.2f} GB of temporaries ({refresh_cpu:.2f} GB with XLA:CPU's "
+        f"float32 weight copies)")
+  values["refresh_temp_gb_64x4k"] = refresh
   if not args.no_generator:
     import tempfile
     t0 = time.time()

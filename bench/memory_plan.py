@@ -217,8 +217,8 @@ def _f32_weight_copies(hlo_text: str, params) -> int:
 
 def _engine_peak(cfg, graphdef, params, mesh, slots, requests, temperature, top_p,
                  count_f32_copies: bool = False) -> dict:
-  """The decode engine's larger program (prefill-and-insert or a full-width decode chunk)
-  with ``slots`` rounded up to a multiple of the mesh's batch devices, as the engine does;
+  """The decode engine's largest program (prefill-and-insert, a full-width decode chunk or a
+  weight-swap re-prefill) with ``slots`` rounded up to a multiple of the mesh's batch devices, as the engine does;
   with ``count_f32_copies`` its ``cpu_f32_weights`` too (``_f32_weight_copies``)."""
   from jaxreplay.parallel import sharding as sharding_lib
   from jaxreplay.sampling import engine

@@ -7,7 +7,8 @@ greedy and sampled, with G = 3 samples sharing their prompt pages, more requests
 (refills, then the tail shrinks), prompt lengths on, before and past page boundaries, an
 in-flight weight swap, a pool too small for all slots at once (requests wait for pages),
 and on an 8-device mesh. Every page is back in the pool after ``run``; page counts are
-checked by hand.
+checked by hand. The contiguous cache's weight-swap re-prefill, one slot block at a time,
+keeps its compiled temporaries to one block's.
 """
 
 import jax
@@ -109,9 +110,14 @@ def test_pool_too_small_for_all_slots_waits(policy, prompts, contiguous):
 
 
 @pytest.mark.numerics
-def test_in_flight_weight_swap(policy, prompts):
+@pytest.mark.parametrize("score_bytes", [engine.REFRESH_SCORE_BYTES, 1])
+def test_in_flight_weight_swap(policy, prompts, score_bytes, monkeypatch):
   """Version 1 replaces version 0 before the third decode chunk: the paged slots are
-  re-prefilled into their pages (a shared prompt page once) as the contiguous ones are."""
+  re-prefilled into their pages (a shared prompt page once) as the contiguous ones are,
+  whether the contiguous cache re-prefills every slot at once or one slot at a time
+  (``engine.REFRESH_SCORE_BYTES`` = 1: ``refresh_slot_block`` is 1)."""
+  monkeypatch.setattr(engine, "REFRESH_SCORE_BYTES", score_bytes)
+  assert engine.refresh_slot_block(CFG, SLOTS, 32) == (SLOTS if score_bytes > 1 else 1)
   graphdef, _ = policy
   _, new = nnx.split(Transformer(CFG, nnx.Rngs(1)), nnx.Param)
 
@@ -212,3 +218,47 @@ def test_paged_on_a_mesh_matches_contiguous_one_device(policy, prompts):
   np.testing.assert_allclose(np.asarray(gen.logprobs),
                              np.where(np.asarray(gen.mask), ref[1], 0.0), rtol=0, atol=LOGP_ATOL)
   assert_pool_empty(stats, SLOTS * 8)
+
+
+def test_weight_swap_refresh_temporaries_follow_the_slot_block(policy):
+  """The compiled re-prefill of 16 slots × 256 positions: its temporaries (XLA's memory
+  analysis) with one slot at a time are a fraction of every slot's at once, whose
+  attention scores alone are 16 × 4 heads × 256² × 4 bytes = 16 MiB."""
+  graphdef, params = policy
+  slots, width = 16, 256
+  state = jax.eval_shape(lambda: engine.init_state(CFG, slots, width, 4, 8, 0))
+  temp = {}
+  for block in (0, 1):
+    compiled = engine._refresh.lower(graphdef, params, state, width=width, mesh=None,
+                                     slot_block=block).compile()
+    temp[block] = compiled.memory_analysis().temp_size_in_bytes
+  scores = slots * CFG.n_heads * width * width * 4
+  assert temp[0] >= scores  # every slot's scores at once
+  assert temp[1] < temp[0] / 4 and temp[1] < scores / 2
+
+
+@pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 (fake) devices")
+def test_weight_swap_refresh_in_slot_blocks_equals_all_at_once_on_a_mesh(policy):
+  """8 slots split over 4 devices: re-prefilling one slot per device at a time (4 blocks)
+  gives every slot the keys, values and next-token logits of all slots at once."""
+  import jax.numpy as jnp
+  graphdef, params = policy
+  mesh = make_mesh(4, 1, 1, devices=jax.devices()[:4])
+  state = engine.init_state(CFG, 8, 32, 4, 8, 0)
+  rng = np.random.default_rng(1)
+  state = state.replace(seq=jnp.asarray(rng.integers(4, CFG.vocab_size, (8, 32)), jnp.int32),
+                        length=jnp.asarray([1, 5, 9, 12, 17, 20, 26, 31], jnp.int32),
+                        done=jnp.asarray([False, False, True, False, False, True, False, False]))
+  place = lambda: jax.device_put(jax.tree.map(jnp.copy, state),  # the call donates it
+                                 engine._slot_sharding(mesh, state))
+  whole = engine._refresh(graphdef, params, place(), width=32, mesh=mesh, slot_block=0)
+  blocks = engine._refresh(graphdef, params, place(), width=32, mesh=mesh, slot_block=1)
+  live = ~np.asarray(state.done)
+  np.testing.assert_allclose(np.asarray(blocks.k), np.asarray(whole.k), rtol=0, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(blocks.v), np.asarray(whole.v), rtol=0, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(blocks.last_logits)[live],
+                             np.asarray(whole.last_logits)[live], rtol=0, atol=1e-5)
+  # a finished slot keeps its logits; a live one's are its prefill's (not zero any more)
+  np.testing.assert_array_equal(np.asarray(blocks.last_logits)[~live], 0.0)
+  assert np.abs(np.asarray(blocks.last_logits)[live]).min(-1).max() > 0
+  assert blocks.k.sharding == whole.k.sharding

@@ -516,9 +516,34 @@ def _select_slots(state: SlotState, keep, *, mesh):
       step=take(state.step, 0), done=take(state.done, 0), seq=take(state.seq, 0)), mesh)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "width", "mesh"),
+# A weight swap's re-prefill runs a few slots at a time (``refresh_slot_block``): its
+# attention scores, [slots, H, width, width] float32, stay within this many bytes per device.
+REFRESH_SCORE_BYTES = 1 << 31
+
+
+def refresh_slot_block(cfg, slots_per_device: int, width: int) -> int:
+  """Slots per device re-prefilled together on a weight swap (``_refresh``).
+
+  Args:
+    cfg: the model's ``TransformerConfig`` (H query heads). slots_per_device: S / D, the
+      slots one device holds. width: the re-prefill's width (positions).
+
+  Returns:
+    int g >= 1 dividing ``slots_per_device``: the largest power of two (or all the slots)
+    whose scores g · H · width² · 4 bytes fit ``REFRESH_SCORE_BYTES``.
+  """
+  fit = max(1, REFRESH_SCORE_BYTES // (cfg.n_heads * width * width * 4))
+  if fit >= slots_per_device:
+    return slots_per_device
+  g = 1
+  while g * 2 <= fit and slots_per_device % (g * 2) == 0:
+    g *= 2
+  return g
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "width", "mesh", "slot_block"),
                    donate_argnames=("state",))
-def _refresh(graphdef, params, state: SlotState, writes=None, *, width, mesh):
+def _refresh(graphdef, params, state: SlotState, writes=None, *, width, mesh, slot_block=0):
   """Every decoding slot's keys, values and next-token logits recomputed with ``params``.
 
   An in-flight weight swap (PipelineRL's in-flight update) re-prefills each slot's tokens
@@ -528,20 +553,57 @@ def _refresh(graphdef, params, state: SlotState, writes=None, *, width, mesh):
   version it records (the cache would otherwise mix the two versions' keys and values).
   A paged state writes the new keys and values into each slot's pages (``writes``, see
   ``_write_pages``: a shared prompt page once).
+
+  The contiguous cache is refreshed in place, ``slot_block`` slots per device at a time
+  (``refresh_slot_block``; 0: all at once): a ``lax.scan`` over slot blocks, each block's
+  new keys and values written into the donated cache before the next, so the temporaries
+  are one block's prefill — attention scores [D · g, H, width, width] float32 and one
+  layer's activations — instead of every slot's, and no second cache-sized array.
   """
   model = nnx.merge(graphdef, params)
-  k, v, logits = prefill(model, state.seq[:, :width], jnp.maximum(state.length, 1))
+  lengths = jnp.maximum(state.length, 1)
   live = ~state.done
-  keep = lambda new, old, axis: jnp.where(live.reshape((-1,) + (1,) * (old.ndim - axis - 1)),
-                                          new.astype(old.dtype), old)
   if state.paged:
+    keep = lambda new, old, axis: jnp.where(
+        live.reshape((-1,) + (1,) * (old.ndim - axis - 1)), new.astype(old.dtype), old)
+    k, v, logits = prefill(model, state.seq[:, :width], lengths)
     state = state.replace(k=_write_pages(state.k, k, writes), v=_write_pages(state.v, v, writes),
                           last_logits=keep(logits, state.last_logits, 0))
     return _constrain(state, mesh)
-  state = state.replace(
-      k=state.k.at[:, :, :, :width].set(keep(k, state.k[:, :, :, :width], 1)),
-      v=state.v.at[:, :, :, :width].set(keep(v, state.v[:, :, :, :width], 1)),
-      last_logits=keep(logits, state.last_logits, 0))
+  s = lengths.shape[0]
+  d = batch_shards(mesh)
+  per = s // d
+  g = per if not slot_block else slot_block
+  # Block j re-prefills slots j·g .. j·g + g − 1 of every device's per = S / D slots. The
+  # cache keeps its [L, S, ...] layout (a reshape would make XLA copy it) when D = 1.
+  rows = lambda x, j: jax.lax.dynamic_slice_in_dim(x.reshape((d, per) + x.shape[1:]), j * g, g,
+                                                   1).reshape((d * g,) + x.shape[1:])
+  by_device = lambda x: x if d == 1 else x.reshape(x.shape[:1] + (d, per) + x.shape[2:])
+
+  def block(carry, j):
+    ck, cv, last = carry
+    k, v, logits = prefill(model, rows(state.seq[:, :width], j), rows(lengths, j))
+
+    def at(c, new):  # new [L, D·g, K, width, E] into c at slots j·g of every device
+      # Finished slots are rewritten too: no later step reads their cache (an insert
+      # rewrites a slot before it decodes again), and keeping their old keys would read
+      # the old block back for a select.
+      new = new.astype(c.dtype)
+      if d > 1:
+        new = new.reshape(new.shape[:1] + (d, g) + new.shape[2:])
+      return jax.lax.dynamic_update_slice_in_dim(c, new, j * g, 1 if d == 1 else 2)
+
+    on = rows(live, j)
+    old = rows(last, j)
+    new_last = jnp.where(on[:, None], logits, old).reshape(d, g, -1)
+    last = jax.lax.dynamic_update_slice_in_dim(last.reshape(d, per, -1), new_last, j * g,
+                                               1).reshape(last.shape)
+    return (at(ck, k), at(cv, v), last), None
+
+  (ck, cv, last), _ = jax.lax.scan(
+      block, (by_device(state.k), by_device(state.v), state.last_logits), jnp.arange(per // g))
+  unsplit = lambda x: x.reshape(x.shape[:1] + (s,) + x.shape[3:]) if d > 1 else x
+  state = state.replace(k=unsplit(ck), v=unsplit(cv), last_logits=last)
   return _constrain(state, mesh)
 
 
@@ -870,8 +932,10 @@ class _HostLoop:
     writes = None
     if c.paged:
       writes = tuple(map(c.place, _refresh_writes(self.pool, self.length, active, r_width)))
+    block = refresh_slot_block(c.cfg, self.state.length.shape[0] // batch_shards(c.mesh),
+                               r_width)
     self.state = _refresh(c.graphdef, self.params, self.state, writes, width=r_width,
-                          mesh=c.mesh)
+                          mesh=c.mesh, slot_block=block)
     self.stats.swaps += 1
 
   def decode_chunk(self, width: int, table_pages: int | None):
@@ -1050,7 +1114,9 @@ def lower_programs(graphdef: nnx.GraphDef, params, *, slots: int, prompt_width: 
 
   Returns:
     {"insert": compiled prefill of min(S, ``PREFILL_PROMPTS``) prompts of width P into S slots,
-     "decode": compiled decode chunk at the full width P + M} (``jax.stages.Compiled``).
+     "decode": compiled decode chunk at the full width P + M, "refresh": a weight swap's
+     re-prefill of the S slots at the full width, ``refresh_slot_block`` slots per device
+     at a time} (``jax.stages.Compiled``; the paged cache is not planned here).
   """
   cfg = nnx.merge(graphdef, params).cfg
   capacity = prompt_width + max_new_tokens
@@ -1073,4 +1139,7 @@ def lower_programs(graphdef: nnx.GraphDef, params, *, slots: int, prompt_width: 
                                steps=max(1, min(chunk_steps, max_new_tokens)),
                                temperature=float(temperature), top_k=int(top_k),
                                top_p=float(top_p), eos_ids=(0,), mesh=mesh).compile()
-  return {"insert": insert, "decode": decode}
+  block = refresh_slot_block(cfg, slots // batch_shards(mesh), capacity)
+  refresh = _refresh.lower(graphdef, params, state, width=capacity, mesh=mesh,
+                           slot_block=block).compile()
+  return {"insert": insert, "decode": decode, "refresh": refresh}
