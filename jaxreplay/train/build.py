@@ -270,22 +270,92 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
   if not isinstance(c, RunConfig):
     raise TypeError(f"build takes a RunConfig (jaxreplay.config.validate(cfg)), not "
                     f"{type(c).__name__}")
-  generator_mesh = None
-  if c.mesh.generator_devices:  # the actor–learner split: two sub-meshes of this job
-    if jax.process_count() > 1:
-      ckpt_lib.use_process_barriers()
-    mesh_shape = c.mesh.shape(c.mesh.learner_device_count(jax.device_count(),
-                                                          jax.process_count()))
-    mesh, generator_mesh = submesh.make_meshes(mesh_shape, c.mesh.generator_devices,
-                                               c.mesh.generator_tensor)
-  else:
-    mesh_shape = c.mesh.shape(jax.device_count())
-    mesh = sharding_lib.make_mesh(*mesh_shape, devices=jax.devices()[:int(np.prod(mesh_shape))])
+  mesh, generator_mesh = _meshes(c)
   t_start = time.time()
   try:  # bad task data fails here, before any file or checkpoint manager is created
     task = make_task(c.task)
   except (ValueError, FileNotFoundError) as e:
     raise ConfigError(str(e)) from None
+  workdir, manager, best_manager = _workdir(c)
+
+  # --- task, tokenizer, starting policy --------------------------------------------------
+  io, graphdef, params, base_info = _policy(c, task, workdir, mesh, log)
+  # Passes that score rollouts without gradients take the learner's micro-batch rows.
+  score_rows = micro_batch_rows(c.train.batch_size, c.algo)
+  evaluate_fn = _evaluate_fn(c, graphdef, io, task, mesh, score_rows)
+
+  # --- learner and buffer, created on the mesh -------------------------------------------
+  cost = accounting.ModelCost.from_params(params, nnx.merge(graphdef, params).cfg)
+  optimizer = make_optimizer(c.algo, c.train.steps)
+  state, state_sh = _train_state(c, graphdef, params, optimizer, mesh)
+  params = state.params
+  rb, buffer, buffer_sh = _replay_buffer(c, mesh)
+  fns, learner_fns = _learner_fns(c, graphdef, optimizer, rb, cost, mesh, state_sh, buffer_sh,
+                                  score_rows)
+
+  # --- generation: where rollouts come from, and the generator's weights -----------------
+  source = RolloutSource(rollout=c.rollout, sampling=c.sampler, algo=c.algo, io=io, task=task,
+                         graphdef=graphdef, stream=PromptStream(task.train, seed=c.seed),
+                         prompt_width=c.task.prompt_width,
+                         reward_timeout_s=c.task.reward_timeout_s or None,
+                         score_rows=score_rows, cost=cost,
+                         mesh=mesh if generator_mesh is None else generator_mesh,
+                         rollout_mesh=None if generator_mesh is None else mesh)
+  weight_sync = None
+  if generator_mesh is not None:
+    # The generator's inference copy: its own layout on its mesh (replicated over data,
+    # split over tensor) and the model's activation dtype.
+    generator_sh = sharding_lib.param_shardings(jax.eval_shape(lambda: params), generator_mesh)
+    weight_sync = submesh.make_weight_sync(state_sh.params, generator_sh, c.model.dtype)
+
+  # --- the run and its starting carry ----------------------------------------------------
+  b = c.train.batch_size
+  run = Run(train=c.train, rollout=c.rollout, buffer=c.buffer, eval=c.eval, drift=c.drift,
+            checkpoint=c.checkpoint, max_consecutive_skips=c.algo.max_consecutive_skips,
+            progress=c.log.progress, config_json=c.tree_json, log=log, workdir=workdir,
+            t_start=t_start, task=task, io=io, graphdef=graphdef, base_info=base_info,
+            mesh=mesh, generator_mesh=generator_mesh, weight_sync=weight_sync,
+            cost=cost, lag=c.train.policy_lag, source=source,
+            evaluate=evaluate_fn, fns=fns,
+            limiter=rate_lib.RateLimiter(**c.rate_limiter.settings(b, c.rollout.per_step)),
+            replicated=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+            manager=manager, best_manager=best_manager,
+            writer=MetricWriter(workdir, c.log.tensorboard, primary=multihost.is_primary()),
+            auto_replay=c.auto_replay, learner_fns=learner_fns,
+            record_every=c.log.record_interval(c.eval.every))
+  waits = dict(learner_wait_s=0.0, generator_wait_s=0.0) if run.is_async else {}
+  # The parameter ring of simulated_async: ``lag`` copies in the parameters' own layout.
+  carry = Carry(state=state, buffer=buffer,
+                ring=tuple(jax.tree.map(jnp.copy, params) for _ in range(run.lag)),
+                limiter_state=rate_lib.init(),
+                key=multihost.to_global(jax.random.key(c.seed), run.replicated),
+                ledger=Ledger(),
+                timers=Timers(**waits), position=0, step=0,
+                best=ckpt_lib.best_so_far(best_manager) if best_manager is not None else None,
+                auto=(auto_lib.initial_state(c.rollout.per_step, c.buffer.max_staleness)
+                      if c.auto_replay.enabled else None))
+  return run, carry
+
+
+def _meshes(c: RunConfig):
+  """(learner mesh, generator mesh or None): one mesh over the job's devices, or with
+  ``mesh.generator_devices`` the actor–learner split's two sub-meshes."""
+  if not c.mesh.generator_devices:
+    mesh_shape = c.mesh.shape(jax.device_count())
+    return sharding_lib.make_mesh(*mesh_shape,
+                                  devices=jax.devices()[:int(np.prod(mesh_shape))]), None
+  if jax.process_count() > 1:
+    ckpt_lib.use_process_barriers()
+  mesh_shape = c.mesh.shape(c.mesh.learner_device_count(jax.device_count(), jax.process_count()))
+  return submesh.make_meshes(mesh_shape, c.mesh.generator_devices, c.mesh.generator_tensor)
+
+
+def _workdir(c: RunConfig):
+  """(workdir str, checkpoint manager, best-checkpoint manager or None), the config written.
+
+  Raises:
+    ConfigError: the workdir holds a checkpoint of a run with other settings.
+  """
   # epath: a gs:// (or other URL) workdir stays a URL; a local relative one becomes absolute.
   workdir = ckpt_lib.run_path(c.workdir)
   workdir.mkdir(parents=True, exist_ok=True)
@@ -299,55 +369,71 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
   if multihost.is_primary():  # one writer per job; Orbax coordinates the checkpoints
     ckpt_lib.write_atomic(os.path.join(workdir, "config.json"),
                           json.dumps(json.loads(c.tree_json), indent=2))
+  return workdir, manager, best_manager
 
-  # --- task, tokenizer, starting policy --------------------------------------------------
-  samp, algo, m = c.sampler, c.algo, c.sampler.max_new_tokens
+
+def _policy(c: RunConfig, task, workdir: str, mesh, log):
+  """(io, graphdef, params, base_info): the starting policy (``load_policy``), with LoRA
+  adapters added when ``model.lora`` is on; a built-in policy's tokenizer is copied into
+  the workdir, where ``jaxreplay.export`` reads it."""
   io, graphdef, params, base_info = load_policy(c.model, c.task, c.warmstart, task, seed=c.seed,
-                                                max_new_tokens=m, log=log, mesh=mesh,
-                                                progress=c.log.progress)
+                                                max_new_tokens=c.sampler.max_new_tokens,
+                                                log=log, mesh=mesh, progress=c.log.progress)
   lora_spec = c.model.lora_spec()
   if lora_spec.enabled:  # adapters on the loaded (warm-started) policy, whose weights freeze
     graphdef, params = lora_lib.add_adapters(graphdef, params, lora_spec,
                                              jax.random.fold_in(jax.random.key(c.seed), LORA_KEY))
   if c.model.source == "builtin" and multihost.is_primary():
-    # the run's own copy of its tokenizer: ``jaxreplay.export`` reads it from here
     ckpt_lib.write_atomic(os.path.join(workdir, "tokenizer.json"), io.tok.to_str())
-  # Passes that score rollouts without gradients take the learner's micro-batch rows.
-  score_rows = micro_batch_rows(c.train.batch_size, algo)
-  held_out = samp.with_overrides(c.eval.temperature, c.eval.top_p)
-  eval_examples = task.heldout[:c.eval.num_examples]
-  evaluate_fn = functools.partial(evaluate, graphdef, io=io, task=task,
-                                  examples=eval_examples,
-                                  record=samples_lib.record_indices(len(eval_examples),
-                                                                    c.eval.record, c.seed),
-                                  max_new_tokens=m, temperature=held_out.temperature,
-                                  samples_per_example=c.eval.samples_per_example,
-                                  correct_threshold=c.buffer.correct_threshold,
-                                  top_k=held_out.top_k, top_p=held_out.top_p,
-                                  chunk=c.eval.batch_rows, mesh=mesh,
-                                  logprob_chunk=algo.logprob_chunk, score_rows=score_rows,
-                                  pack=algo.pack_sequences)
+  return io, graphdef, params, base_info
 
-  # --- learner and buffer, created on the mesh -------------------------------------------
-  # Parameters and optimizer state by PARAM_RULES, the buffer's capacity axis over "data",
-  # the RNG key replicated; restores go into these layouts (any saved mesh restores).
-  # Each is computed by a jit whose out_shardings are these layouts, so every device
-  # allocates only its block (the loaded parameters are donated into the train state;
-  # the frozen KL reference exists only when ``algo`` uses one).
-  cost = accounting.ModelCost.from_params(params, nnx.merge(graphdef, params).cfg)
-  optimizer = make_optimizer(algo, c.train.steps)
-  init_state = lambda p: init_train_state(graphdef, p, optimizer, algo)
+
+def _evaluate_fn(c: RunConfig, graphdef, io, task, mesh, score_rows: int):
+  """The held-out evaluation, ``evaluate`` with everything but the parameters bound."""
+  held_out = c.sampler.with_overrides(c.eval.temperature, c.eval.top_p)
+  examples = task.heldout[:c.eval.num_examples]
+  return functools.partial(evaluate, graphdef, io=io, task=task, examples=examples,
+                           record=samples_lib.record_indices(len(examples), c.eval.record,
+                                                             c.seed),
+                           max_new_tokens=c.sampler.max_new_tokens,
+                           temperature=held_out.temperature,
+                           samples_per_example=c.eval.samples_per_example,
+                           correct_threshold=c.buffer.correct_threshold,
+                           top_k=held_out.top_k, top_p=held_out.top_p,
+                           chunk=c.eval.batch_rows, mesh=mesh,
+                           logprob_chunk=c.algo.logprob_chunk, score_rows=score_rows,
+                           pack=c.algo.pack_sequences)
+
+
+def _train_state(c: RunConfig, graphdef, params, optimizer, mesh):
+  """(train state, its shardings): parameters and optimizer state laid out by PARAM_RULES,
+  created by a jit whose out_shardings are those layouts, so every device allocates only
+  its block (the loaded parameters are donated into the state; the frozen KL reference
+  exists only when ``algo`` uses one). Restores go into the same layouts."""
+  init_state = lambda p: init_train_state(graphdef, p, optimizer, c.algo)
   state_sh = sharding_lib.param_shardings(jax.eval_shape(init_state, params), mesh)
-  state = jax.jit(init_state, out_shardings=state_sh, donate_argnums=0)(params)
-  params = state.params
-  b = c.train.batch_size
-  rb = replay.make_replay_buffer(c.buffer.capacity, b, c.buffer)  # the one add / sample
+  return jax.jit(init_state, out_shardings=state_sh, donate_argnums=0)(params), state_sh
+
+
+def _replay_buffer(c: RunConfig, mesh):
+  """(the replay-buffer bundle, its empty state, that state's shardings: the capacity axis
+  over ``data``)."""
+  rb = replay.make_replay_buffer(c.buffer.capacity, c.train.batch_size, c.buffer)
   # The self-tuning controller may set an age cut-off at any step: its buffer is created
   # with ``may_have_holes`` (a static part of the state's structure) from the start.
   evicts = c.buffer.evicts or c.auto_replay.enabled
-  init_buffer = lambda: rb.init(empty_rollout(1, c.task.prompt_width + m), evicts=evicts)
+  width = c.task.prompt_width + c.sampler.max_new_tokens
+  init_buffer = lambda: rb.init(empty_rollout(1, width), evicts=evicts)
   buffer_sh = replay.state_sharding(jax.eval_shape(init_buffer), mesh, "data")
-  buffer = jax.jit(init_buffer, out_shardings=buffer_sh)()
+  return rb, jax.jit(init_buffer, out_shardings=buffer_sh)(), buffer_sh
+
+
+def _learner_fns(c: RunConfig, graphdef, optimizer, rb, cost, mesh, state_sh, buffer_sh,
+                 score_rows: int):
+  """(the ``LearnerFns`` of the configured R and buffer, and with ``auto_replay`` a
+  ``learner_fns(per_step, buffer_spec)`` that builds — once per setting — those the
+  self-tuning controller switches to; else None)."""
+  samp, algo, b = c.sampler, c.algo, c.train.batch_size
   train_step = make_train_step(graphdef, optimizer, algo, samp.temperature, samp.top_k,
                                samp.top_p, seed=c.seed)
   drift_fn = make_drift_fn(graphdef, samp.temperature, c.drift.num_samples,
@@ -359,7 +445,6 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
                                   num_projections=ar.num_projections, center=ar.center,
                                   min_count=ar.min_samples, rows=score_rows
                                   ) if ar.enabled else None
-
   record_every = c.log.record_interval(c.eval.every)
 
   def make_fns(per_step: int, buffer_spec: SamplerConfig, rb=None) -> LearnerFns:
@@ -382,50 +467,14 @@ def build(c: RunConfig, log=print) -> tuple[Run, Carry]:
                           samp.top_p, algo.logprob_chunk, score_rows) if record_every else None)
 
   fns = make_fns(c.rollout.per_step, c.buffer, rb)
-  learner_fns = None
-  if ar.enabled:  # one set per (R, cut-off) met, so returning to a setting compiles nothing
-    built = {(c.rollout.per_step, c.buffer.max_staleness): fns}
+  if not ar.enabled:
+    return fns, None
+  built = {(c.rollout.per_step, c.buffer.max_staleness): fns}  # returning compiles nothing
 
-    def learner_fns(per_step: int, buffer_spec: SamplerConfig) -> LearnerFns:
-      key = (per_step, buffer_spec.max_staleness)
-      if key not in built:
-        built[key] = make_fns(per_step, buffer_spec)
-      return built[key]
+  def learner_fns(per_step: int, buffer_spec: SamplerConfig) -> LearnerFns:
+    key = (per_step, buffer_spec.max_staleness)
+    if key not in built:
+      built[key] = make_fns(per_step, buffer_spec)
+    return built[key]
 
-  source = RolloutSource(rollout=c.rollout, sampling=samp, algo=algo, io=io, task=task,
-                         graphdef=graphdef, stream=PromptStream(task.train, seed=c.seed),
-                         prompt_width=c.task.prompt_width,
-                         reward_timeout_s=c.task.reward_timeout_s or None,
-                         score_rows=score_rows, cost=cost,
-                         mesh=mesh if generator_mesh is None else generator_mesh,
-                         rollout_mesh=None if generator_mesh is None else mesh)
-  weight_sync = None
-  if generator_mesh is not None:
-    # The generator's inference copy: its own layout on its mesh (replicated over data,
-    # split over tensor) and the model's activation dtype.
-    generator_sh = sharding_lib.param_shardings(jax.eval_shape(lambda: params), generator_mesh)
-    weight_sync = submesh.make_weight_sync(state_sh.params, generator_sh, c.model.dtype)
-  run = Run(train=c.train, rollout=c.rollout, buffer=c.buffer, eval=c.eval, drift=c.drift,
-            checkpoint=c.checkpoint, max_consecutive_skips=algo.max_consecutive_skips,
-            progress=c.log.progress, config_json=c.tree_json, log=log, workdir=workdir,
-            t_start=t_start, task=task, io=io, graphdef=graphdef, base_info=base_info,
-            mesh=mesh, generator_mesh=generator_mesh, weight_sync=weight_sync,
-            cost=cost, lag=c.train.policy_lag, source=source,
-            evaluate=evaluate_fn, fns=fns,
-            limiter=rate_lib.RateLimiter(**c.rate_limiter.settings(b, c.rollout.per_step)),
-            replicated=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
-            manager=manager, best_manager=best_manager,
-            writer=MetricWriter(workdir, c.log.tensorboard, primary=multihost.is_primary()),
-            auto_replay=ar, learner_fns=learner_fns, record_every=record_every)
-  waits = dict(learner_wait_s=0.0, generator_wait_s=0.0) if run.is_async else {}
-  # The parameter ring of simulated_async: ``lag`` copies in the parameters' own layout.
-  carry = Carry(state=state, buffer=buffer,
-                ring=tuple(jax.tree.map(jnp.copy, params) for _ in range(run.lag)),
-                limiter_state=rate_lib.init(),
-                key=multihost.to_global(jax.random.key(c.seed), run.replicated),
-                ledger=Ledger(),
-                timers=Timers(**waits), position=0, step=0,
-                best=ckpt_lib.best_so_far(best_manager) if best_manager is not None else None,
-                auto=(auto_lib.initial_state(c.rollout.per_step, c.buffer.max_staleness)
-                      if ar.enabled else None))
-  return run, carry
+  return fns, learner_fns
