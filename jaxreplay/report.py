@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 from typing import Any, Sequence
 
-from jaxreplay import regime_map, storage
+from jaxreplay import paired, regime_map, storage
 from jaxreplay.study import figures, tables
 # The report's names from before the split, kept importable from here:
 from jaxreplay.study.figures import aggregate, plot_band, plot_panels  # noqa: F401
@@ -105,8 +105,11 @@ def write_report(sweep: dict, workdir: str, command: str) -> list[str]:
 def _write_any(sweep: dict, workdir: str, command: str, md_path: str) -> list[str]:
   """The regime map (``report.kind = "regime_map"``, ``jaxreplay.regime_map``: one section
   spliced into the page) or the single-regime report (the whole page)."""
-  if (sweep.get("report") or {}).get("kind") == "regime_map":
+  kind = (sweep.get("report") or {}).get("kind")
+  if kind == "regime_map":
     paths = regime_map.write_map(sweep, workdir, md_path)
+  elif kind == "paired":
+    paths = paired.write(sweep, workdir, command, md_path)
   else:
     paths = _write_report(sweep, workdir, command, md_path)
   readme = readme_beside(md_path)
@@ -202,16 +205,21 @@ def _figures(an: Analysis, configs: list[dict], mu: dict, paper_mu: float, md_pa
 def _keep_map(md_path: str, lines: list[str]) -> list[str]:
   """``lines`` with the regime map's section of the page now at ``md_path`` (if any)
   spliced in before the first ``## `` heading, and the page's closing study line kept: a
-  regime-map sweep wrote them."""
+  regime-map sweep wrote them; then the page's paired sections (``jaxreplay.paired``)."""
   try:
     with open(md_path) as f:
       old = f.read()
   except OSError:
     return lines
   block = regime_map.map_block(old)
-  if not block:
-    return lines
-  return regime_map.splice_map("\n".join(lines), block, regime_map.map_footer(old)).splitlines()
+  if block:
+    lines = regime_map.splice_map("\n".join(lines), block,
+                                  regime_map.map_footer(old)).splitlines()
+  # the paired sections (``jaxreplay.paired``) after it, as they were
+  text = "\n".join(lines)
+  for name, section in paired.blocks(old, skip=("where-replay-pays", "headline")).items():
+    text = paired.splice(text, name, section)
+  return text.splitlines()
 
 
 # --- the README's headline block ----------------------------------------------------------

@@ -324,3 +324,42 @@ def test_eval_noise_sentence_reads_the_bench_result(tmp_path):
   p.write_text(json.dumps({"run": "r"}))
   with pytest.raises(ValueError, match="not a bench/eval_noise.py result"):
     regime_map.eval_noise_sentence(str(p), 0.02)
+
+
+def test_a_paired_sweep_is_a_section_spliced_into_the_page_and_kept(tmp_path):
+  """``report.kind = "paired"`` (``jaxreplay.paired``): a_fixed against a_onpolicy on 3 seeds,
+  ahead by 0.14, 0.15 and 0.16 at every evaluation, so by their mean, 0.150, in AUC with a t
+  interval of ±t(0.975, 2)·0.01/√3; the section is spliced after the map, replaced (not
+  duplicated) when written again, and kept when the single-regime report rewrites the page."""
+  from jaxreplay import paired
+  s = _sweep(tmp_path)
+  md = tmp_path / "docs" / "results.md"
+  md.parent.mkdir()
+  md.write_text("# Title\n\nintro\n\n## Figures\n\nOLD-FIGURES\n")
+  report.write_report({**s, "report": {**s["report"], "results_md": str(md)}}, str(tmp_path),
+                      "cmd")
+  pair = {"seeds": [0, 1, 2], "base_config": "configs/default.py",
+          "configurations": [dict(name="a_onpolicy"), dict(name="a_fixed")],
+          "report": {"kind": "paired", "section": "pair-a", "title": "A pair",
+                     "reference": "a_onpolicy", "results_md": str(md)}}
+  report.write_report(pair, str(tmp_path), "cmd-pair")
+  text = md.read_text()
+  half = sps.t.ppf(0.975, 2) * 0.01 / math.sqrt(3)
+  assert f"| — | `a_fixed` | `a_onpolicy` | +0.150 [{0.15 - half:.3f}, {0.15 + half:.3f}] |" in text
+  assert text.index(regime_map.MAP_END) < text.index("<!-- pair-a:start") < text.index(
+      "## Figures") and "OLD-FIGURES" in text
+  assert "| `a_onpolicy` | 0.300 @ 0k · 0.360 @ 0k" in text  # seeds' mean curve
+  report.write_report(pair, str(tmp_path), "cmd-pair")
+  assert md.read_text() == text and text.count("<!-- pair-a:end -->") == 1
+  single = {"seeds": [0, 1, 2], "base_config": "configs/default.py",
+            "configurations": [dict(name="b_onpolicy", family="on"),
+                               dict(name="b_fixed", family="fifo")],
+            "report": {"reference": "b_onpolicy", "results_md": str(md)}}
+  report.write_report(single, str(tmp_path), "cmd2")
+  new = md.read_text()
+  assert "OLD-FIGURES" not in new and "Regenerate: `cmd2`" in new
+  assert paired.blocks(new)["pair-a"] == paired.blocks(text)["pair-a"]
+  assert regime_map.map_block(new) == regime_map.map_block(text)
+  with pytest.raises(ValueError, match="2 seeds with runs of both"):
+    paired.render({**pair, "seeds": [0], "configurations": [dict(name="a_onpolicy"),
+                                                             dict(name="zz")]}, str(tmp_path), "c")

@@ -47,10 +47,10 @@ def get_config():
           "eval.every": 2 * EVAL_EVERY, "checkpoint.every": 2 * STEPS}),
   ]
   c.report = config_dict.ConfigDict(dict(
-      title="Replay vs on-policy on SmolLM2-135M-Instruct (two-digit sums, B = 64)",
-      results_md="",     # WORKDIR/results.md until the runs are archived
+      kind="paired",     # one section of docs/results.md (jaxreplay.paired)
+      section="smollm2-sums-replay",
+      title="Replay on a real model: SmolLM2-135M-Instruct, two-digit sums (B = 64)",
+      results_md="docs/results.md",
       reference="onpolicy",
-      target_last=2,
-      claims=[],
   ))
   return c
