@@ -1,7 +1,8 @@
 """The SmolLM2-135M-Instruct preset end to end at a tiny batch: the real pretrained GGUF
 checkpoint generates chat-templated rollouts, the math reward scores them in a worker, and two
 learner steps train on them with packed, chunked, accumulated micro-batches; the run's final
-checkpoint then exports to a Hugging Face directory that transformers opens alone."""
+checkpoint then exports to a Hugging Face directory that transformers opens alone, and
+adapters on it to PEFT's layout, which PEFT loads with jaxreplay's logits."""
 
 import importlib.util
 import os
@@ -72,7 +73,9 @@ def test_two_learner_steps_of_the_preset(preset_run):
 
 def test_the_preset_exports_with_its_gguf_tokenizer(preset_run, tmp_path):
   """``python -m jaxreplay.export`` of the trained preset: transformers' greedy continuations
-  through the GGUF's own tokenizer and chat template are jaxreplay's."""
+  through the GGUF's own tokenizer and chat template are jaxreplay's; LoRA adapters on it,
+  written in PEFT's layout, load in ``peft.PeftModel`` over the export with jaxreplay's
+  logits."""
   transformers = pytest.importorskip("transformers")
   pytest.importorskip("torch")
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -91,3 +94,38 @@ def test_the_preset_exports_with_its_gguf_tokenizer(preset_run, tmp_path):
   assert len(pairs) == 8
   for ours, theirs in pairs:
     assert len(ours) >= 1 and ours == theirs
+  # LoRA adapters on the trained SmolLM2 (rank 8, every projection, B ≠ 0), saved in PEFT's
+  # layout beside that export: PEFT's model gives jaxreplay's logits
+  peft = pytest.importorskip("peft")
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import torch
+  from flax import nnx
+
+  from conftest import forward_terms, reorder_tol
+  from jaxreplay.models import lora
+  from jaxreplay.models.spec import LoraSpec
+  spec = LoraSpec(rank=8, alpha=16.0)
+  graphdef, params = lora.add_adapters(job.graphdef, kept["params"], spec, jax.random.key(1))
+  adapters, frozen = lora.split_adapters(params)
+  leaves, treedef = jax.tree.flatten(adapters)
+  keys = jax.random.split(jax.random.key(2), len(leaves))
+  params = lora.join_adapters(treedef.unflatten(
+      [x + 0.02 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]), frozen)
+  cfg = nnx.merge(graphdef, params).cfg
+  lora.save_peft(str(tmp_path / "adapter"), params, spec, cfg.n_layers, base_model=out)
+  tok = np.random.default_rng(0).integers(3, 1000, (2, 9))
+  ours = np.asarray(nnx.merge(graphdef, params)(jnp.asarray(tok), jnp.ones(tok.shape, bool)))
+  base = np.asarray(nnx.merge(job.graphdef, kept["params"])(jnp.asarray(tok),
+                                                            jnp.ones(tok.shape, bool)))
+  assert np.abs(ours - base).max() > 1e-2  # the adapters matter
+  with_adapters = peft.PeftModel.from_pretrained(
+      transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32),
+      str(tmp_path / "adapter")).eval()
+  with torch.no_grad():
+    theirs = with_adapters(torch.as_tensor(tok)).logits.numpy()
+  # two float32 implementations of one forward pass (conftest.forward_terms), scaled by the
+  # largest logit, as tests/test_lora.py's tiny PEFT check
+  tol = 2 * reorder_tol(forward_terms(cfg, 9) + 2 * spec.rank, scale=float(np.abs(ours).max()))
+  np.testing.assert_allclose(theirs, ours, atol=tol, rtol=0)
