@@ -49,8 +49,14 @@ bfloat16 as float32) and prints, as its last line::
   (``refresh_slot_block``), in GB: XLA:CPU's memory analysis less its float32 copies of the
   bf16 weights (``memory_plan._f32_weight_copies``). Goal ≤ 14.
 
-Not measured by this script (printed ``na``): ``decode_collectives_per_token`` — one decode
-engine per generator device, without collectives.
+* ``decode_collectives_per_token``: collectives one decoded token runs on the generator
+  mesh of the actor–learner preset (``--publish-config``; W = 6 devices, its
+  ``mesh.generator_tensor``), from the compiled decode chunk (``engine.lower_programs``,
+  parameters placed as a publish places them, 66 slots, one step per chunk, the preset's
+  prompt width and new-token limit) at 2 and 3 layers of 7B width, extrapolated to the
+  preset's layers (the count is linear in layers: per-step plus per-layer collectives).
+  With ``generator_tensor = 1`` every device runs its own engine replica
+  (``engine.engine_replicas``). Goal 0.
 """
 
 from __future__ import annotations
@@ -238,6 +244,52 @@ def refresh_temp(config_path: str, slots: int = 64, width: int = 4096,
   return (temp - f32) / 1e9, temp / 1e9, block
 
 
+def decode_collectives(config_path: str, slots: int = 66) -> tuple[int, int, int, int]:
+  """Collectives per decoded token on an actor–learner preset's generator mesh.
+
+  Args:
+    config_path: an actor–learner preset (``mesh.generator_devices`` > 0) of 8 devices.
+    slots: engine slots (a multiple of the generator mesh's data devices).
+
+  Returns:
+    (collectives per token at the preset's layers, per step outside the layers, per layer,
+     the preset's layers), counted as executions in the compiled decode chunk of one step.
+  """
+  import dataclasses
+
+  import jax
+  import jax.numpy as jnp
+
+  from jaxreplay import config as config_lib
+  from jaxreplay.models import hf
+  from jaxreplay.parallel import hlo
+  from jaxreplay.parallel import sharding as sharding_lib
+  from jaxreplay.parallel import submesh
+  from jaxreplay.sampling import engine
+  from memory_plan import model_config
+
+  cfg = config_lib.load_config(config_path)
+  w = int(cfg.mesh.generator_devices)
+  _, gen_mesh = submesh.make_meshes(config_lib.mesh_shape(cfg, jax.device_count() - w), w,
+                                    int(cfg.mesh.get("generator_tensor", 1) or 1))
+  full = model_config(cfg, config_path)
+  counts = {}
+  for layers in (2, 3):
+    tcfg = dataclasses.replace(full, n_layers=layers, param_dtype=cfg.model.dtype)
+    graphdef, params = hf.abstract_model(tcfg)
+    shardings = sharding_lib.param_shardings(params, gen_mesh)
+    placed = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                          params, shardings)
+    progs = engine.lower_programs(
+        graphdef, placed, slots=slots, prompt_width=cfg.task.prompt_width,
+        max_new_tokens=cfg.sampler.max_new_tokens, requests=slots,
+        temperature=float(cfg.sampler.temperature) or 1.0, chunk_steps=1, mesh=gen_mesh)
+    counts[layers] = sum(op.count for op in hlo.collectives(progs["decode"].as_text()))
+  per_layer = counts[3] - counts[2]
+  per_step = counts[2] - 2 * per_layer
+  return per_step + full.n_layers * per_layer, per_step, per_layer, full.n_layers
+
+
 def generator_placement(workdir: str, steps: int = 3) -> tuple[int, int, int]:
   """A short actor–learner run with the generator thread's transfers audited.
 
@@ -362,6 +414,10 @@ def main(argv=None) -> int:
         f"at a time): {refresh:.2f} GB of temporaries ({refresh_cpu:.2f} GB with XLA:CPU's "
         f"float32 weight copies)")
   values["refresh_temp_gb_64x4k"] = refresh
+  per_token, per_step, per_layer, layers = decode_collectives(args.publish_config)
+  print(f"decode on the generator mesh ({args.publish_config}): {per_step} collectives per "
+        f"step + {per_layer} per layer, {per_token} per decoded token at {layers} layers")
+  values["decode_collectives_per_token"] = per_token
   if not args.no_generator:
     import tempfile
     t0 = time.time()

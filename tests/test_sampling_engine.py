@@ -1,7 +1,8 @@
 """Decode engine tests: slot count, refill, tail shrink and chunk size leave every request's
 tokens unchanged; a prompt prefilled once for its G samples equals G separate prefills;
 attention over the filled prefix of the cache equals the learner's masked full attention;
-forced completion lengths; input validation; and decoding on an 8-device mesh.
+forced completion lengths; input validation; and decoding on an 8-device mesh, as one
+program or as one engine per device.
 
 Every engine run here shares one request layout (16 left-padded prompts of lengths 1..8,
 G = 2, so 32 requests; M = 24) so that the compiled insert and decode programs are reused
@@ -13,10 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from conftest import forward_terms, logprob_tol, reorder_tol
 from jaxreplay.models import Transformer, TransformerConfig
-from jaxreplay.parallel import make_mesh
+from jaxreplay.parallel import hlo, make_mesh
 from jaxreplay.rl.scoring import token_logprobs
 from jaxreplay.sampling import engine, generate
 
@@ -91,7 +93,7 @@ class ChunkLog:
     def logged(graphdef, params, state, *args, **kw):
       self.kv_specs.append(getattr(state.k.sharding, "spec", None))  # before donation
       out = original(graphdef, params, state, *args, **kw)
-      self.chunks.append((int(state.done.shape[0]), int(out[1])))
+      self.chunks.append((int(state.done.shape[0]), int(np.max(out[1]))))  # longest replica
       return out
 
     monkeypatch.setattr(engine, "_decode_chunk", logged)
@@ -322,3 +324,47 @@ def test_mesh_with_refilled_slots_matches_no_mesh(policy, prompts, refilled, log
   for spec in log.kv_specs:
     assert tuple(spec)[1:3] == (("data", "fsdp"), "tensor")
   assert_same_requests(gen, ref, logp_atol)
+
+
+@pytest.mark.numerics
+def test_engine_replicas_per_device_match_no_mesh(policy, prompts, refilled, logp_atol,
+                                                  monkeypatch):
+  """Parameters replicated on a data = 8 mesh: eight engines, one per device, each decoding
+  its own slots and stopping on its own (``engine_replicas``), give the reference run's
+  chunks (the longest replica's steps), tokens and log-probs."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices; see tests/conftest.py")
+  ref, ref_stats, ref_chunks = refilled
+  graphdef, params = policy
+  mesh = make_mesh(data=8, fsdp=1, tensor=1)
+  placed = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+  assert engine.engine_replicas(mesh, placed) == 8
+  assert engine.engine_replicas(mesh, params) == 1  # not on the mesh: one program
+  log = ChunkLog(monkeypatch)
+  gen, stats = run((graphdef, placed), prompts, slots=REFILL_SLOTS, mesh=mesh)
+  assert log.chunks == ref_chunks
+  assert stats.inserts == ref_stats.inserts and stats.row_steps == ref_stats.row_steps
+  assert stats.kv_needed == ref_stats.kv_needed
+  assert_same_requests(gen, ref, logp_atol)
+
+
+def test_decode_chunk_of_engine_replicas_has_no_collective(policy):
+  """The compiled decode chunk on a data = 4 mesh with replicated parameters holds no
+  collective (each device decodes alone); with the KV heads split over tensor = 2 it needs
+  them, which shows the count reads the program."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices; see tests/conftest.py")
+  graphdef, params = policy
+
+  def decode_collectives(mesh):
+    placed = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                       sharding=NamedSharding(mesh, PartitionSpec())), params)
+    progs = engine.lower_programs(graphdef, placed, slots=8, prompt_width=P_WIDTH,
+                                  max_new_tokens=M, requests=R, temperature=TEMP,
+                                  chunk_steps=4, mesh=mesh)
+    return hlo.collectives(progs["decode"].as_text())
+
+  four = jax.devices()[:4]
+  assert decode_collectives(make_mesh(data=4, fsdp=1, tensor=1, devices=four)) == []
+  assert len(decode_collectives(make_mesh(data=2, fsdp=1, tensor=2, devices=four))) > 0

@@ -276,9 +276,10 @@ def place_rows(tree: Any, mesh: Mesh | None) -> Any:
 
 
 def context_mesh():
-  """The enclosing ``jax.set_mesh``'s abstract mesh when it has the batch axes, else None."""
+  """The enclosing ``jax.set_mesh``'s abstract mesh when it has the batch axes, else None
+  (also inside ``jax.shard_map`` over all its axes: per-device code takes no layout)."""
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
+  if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names) or mesh.are_all_axes_manual:
     return None
   return mesh
 

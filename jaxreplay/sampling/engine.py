@@ -27,6 +27,11 @@ on its slot, nor on the slot count, nor on the refill order.
 
 Sharding: with a mesh, the slot axis of every per-slot array splits over ``("data",
 "fsdp")`` and the cache's KV heads over ``"tensor"``; parameters keep their placement.
+Where the parameters are replicated on every device of the mesh (a generator mesh with
+``mesh.generator_tensor=1``) and the cache is contiguous, the decode chunk runs as one engine
+per device (``engine_replicas``, ``jax.shard_map``): each device decodes its own slots, runs
+its own loop and writes its own output buffer, with no collective per decoded token; the
+host merges the buffers once, at the end of the call.
 
 Paged cache (``run(paged=True)``, ``sampling.paged``): the keys and values live in one pool
 of N pages of ``page_size`` positions per layer, [L, K, N, page_size, E], and each slot has a
@@ -81,10 +86,15 @@ class SlotState:
     request: [S] int32 request id of the slot (R for a slot that never held one).
     step: [S] int32 tokens sampled so far for that request.
     done: [S] bool, the slot is free (stopped, truncated at M, or never filled).
-    tokens: [R + 1, M] int32 completions by request (row R absorbs writes of free slots).
-    logprobs, full_logprobs: [R + 1, M] float32 behaviour log-probs (truncated and
-      untruncated distribution, ``distribution.sample_token``).
-    versions: [R + 1, M] int32 policy version of the parameters that sampled each token.
+    tokens: [D, R + 1, M] int32 completions by request (row R absorbs writes of free
+      slots), one buffer per engine replica (``engine_replicas``: D = 1 for one program
+      over the mesh); replica d holds the tokens its own slots sampled, ``pad_id``
+      elsewhere (``_merge_replicas``).
+    logprobs, full_logprobs: [D, R + 1, M] float32 behaviour log-probs (truncated and
+      untruncated distribution, ``distribution.sample_token``; 0 where another replica
+      sampled).
+    versions: [D, R + 1, M] int32 policy version of the parameters that sampled each token
+      (0 where another replica sampled).
     seq: [S, C] int32 the slot's tokens (prompt at 0 .. len-1, then the completion so far):
       what a weight swap re-prefills (``_refresh``).
     paged: static; True when ``k``, ``v`` are a page pool [L, K, N, page_size, E] (the
@@ -183,7 +193,8 @@ def width_bucket(needed: int, capacity: int) -> int:
 
 
 def _slot_sharding(mesh: Mesh, state: SlotState) -> SlotState:
-  """Shardings of ``state``: slots over data × fsdp, KV heads over tensor."""
+  """Shardings of ``state``: slots (and the replicas' output buffers) over data × fsdp, KV
+  heads over tensor."""
   def sh(spec, x):
     return NamedSharding(mesh, fit_spec(spec, x.shape, mesh))
 
@@ -194,11 +205,11 @@ def _slot_sharding(mesh: Mesh, state: SlotState) -> SlotState:
     kv = sh(P(None, "tensor", None, None, None), state.k)
   else:
     kv = sh(P(None, BATCH_AXES, "tensor", None, None), state.k)
-  rep = lambda x: NamedSharding(mesh, P())
+  # the output buffers: one per engine replica (D = 1: replicated)
   return SlotState(k=kv, v=kv, length=batch(state.length), last_logits=batch(state.last_logits),
                    request=batch(state.request), step=batch(state.step), done=batch(state.done),
-                   tokens=rep(state.tokens), logprobs=rep(state.logprobs),
-                   full_logprobs=rep(state.full_logprobs), versions=rep(state.versions),
+                   tokens=batch(state.tokens), logprobs=batch(state.logprobs),
+                   full_logprobs=batch(state.full_logprobs), versions=batch(state.versions),
                    seq=batch(state.seq), paged=state.paged)
 
 
@@ -344,7 +355,8 @@ def decode_step_paged(model, tok: jax.Array, length: jax.Array, kp: jax.Array, v
 
 
 def init_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int,
-               pad_id: int, num_pages: int = 0, page_size: int = 0) -> SlotState:
+               pad_id: int, num_pages: int = 0, page_size: int = 0,
+               replicas: int = 1) -> SlotState:
   """An engine state with every slot free.
 
   Args:
@@ -353,6 +365,8 @@ def init_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: in
     pad_id: the id the output tokens start as.
     num_pages, page_size: with num_pages >= 1, ``k`` and ``v`` are a page pool [L, K,
       num_pages, page_size, E] (``paged`` True); 0 keeps the contiguous [L, S, K, C, E].
+    replicas: D, the engine replicas whose output buffers the state holds
+      (``engine_replicas``).
 
   Returns:
     ``SlotState`` (shapes and dtypes in its docstring), zero caches, ``done`` all True.
@@ -360,7 +374,7 @@ def init_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: in
   kv = (cfg.n_layers, slots, cfg.n_kv_heads, capacity, cfg.head_dim)
   if num_pages:
     kv = (cfg.n_layers, cfg.n_kv_heads, num_pages, page_size, cfg.head_dim)
-  out = (requests + 1, max_new_tokens)
+  out = (replicas, requests + 1, max_new_tokens)
   return SlotState(k=jnp.zeros(kv, cfg.dtype), v=jnp.zeros(kv, cfg.dtype),
                    length=jnp.zeros((slots,), jnp.int32),
                    last_logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
@@ -446,6 +460,44 @@ def _force_lengths(logits, step, target, eos_ids):
                    jnp.where(is_stop, -jnp.inf, logits))
 
 
+def engine_replicas(mesh: Mesh | None, params, paged: bool = False) -> int:
+  """How many independent engines decode on ``mesh``: D.
+
+  When the parameters are replicated on every device of the mesh (no tensor or FSDP split,
+  as on a generator mesh with ``mesh.generator_tensor=1``) and the KV cache is contiguous,
+  each of the mesh's data × fsdp devices decodes its own slots with its own copy of the
+  weights (``_decode_chunk`` under ``jax.shard_map``): a decode step needs no collective.
+  Otherwise the mesh runs one SPMD program (D = 1).
+
+  Args:
+    mesh: the engine's mesh, or None. params: the policy's parameters (arrays or
+      ``jax.ShapeDtypeStruct`` leaves with shardings). paged: the page-pool cache (its pages
+      are shared by slots on any device: one program).
+
+  Returns:
+    int: ``batch_shards(mesh)`` for per-device replicas, else 1.
+  """
+  d = batch_shards(mesh)
+  if mesh is None or paged or d == 1 or mesh.shape["tensor"] > 1:
+    return 1
+  devices = set(mesh.devices.flat)
+  for x in jax.tree.leaves(params):
+    sh = getattr(x, "sharding", None)
+    if sh is None or not sh.is_fully_replicated or set(sh.device_set) != devices:
+      return 1
+  return d
+
+
+def _merge_replicas(tokens: np.ndarray, logprobs: np.ndarray, full: np.ndarray,
+                    versions: np.ndarray, pad_id: int):
+  """The replicas' output buffers ([D, N, M] host arrays) as one: each token was sampled
+  by exactly one replica (its slot's device at that step), the others hold ``pad_id`` and
+  zeros there. Returns (tokens, logprobs, full, versions), each [N, M]."""
+  t = np.where(tokens != pad_id, tokens, -1).max(0)
+  return (np.where(t < 0, pad_id, t).astype(np.int32), logprobs.sum(0), full.sum(0),
+          versions.sum(0))
+
+
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "width", "steps", "temperature", "top_k", "top_p", "eos_ids", "mesh", "impl"),
     donate_argnames=("state",))
@@ -454,12 +506,38 @@ def _decode_chunk(graphdef, params, state: SlotState, key, forced, version, page
   """Up to ``steps`` decode steps of every slot at attention width ``width``; ``version``
   (int32 scalar) is recorded as the policy version of every token sampled. A paged state
   decodes over its pool with ``page_indices`` [S, W] int32 (``width`` unused) and attention
-  ``impl``.
+  ``impl``. A state with D > 1 output buffers (``engine_replicas``) decodes as D engines,
+  one per device, each over its own slots and its local copy of ``params``, each stopping
+  when its own slots are done.
 
-  Returns (state, steps run [] int32, kv positions needed [] int32, kv positions of the
-  pages up to each decoding slot's length [] int32 (0 for a contiguous state))."""
+  Returns (state, steps run [D] int32, kv positions needed [D] int32, kv positions of the
+  pages up to each decoding slot's length [D] int32 (0 for a contiguous state)), one entry
+  per engine replica."""
+  decode = functools.partial(_decode_steps, graphdef, width=width, steps=steps,
+                             temperature=temperature, top_k=top_k, top_p=top_p,
+                             eos_ids=eos_ids, impl=impl)
+  if state.tokens.shape[0] == 1:
+    state, *counts = decode(params, state, key, forced, version, page_indices, mesh=mesh)
+    return state, *(x[None] for x in counts)
+  specs = jax.tree.map(lambda sh: sh.spec, _slot_sharding(mesh, state))
+  per_device = fit_spec(P(BATCH_AXES), (state.tokens.shape[0],), mesh)
+
+  def local(p, st, k, f, v):
+    st, *counts = decode(p, st, k, f, v, None, mesh=None)
+    return st, *(x[None] for x in counts)
+
+  # check_vma off: the loop's counters start replicated and end per device.
+  return jax.shard_map(local, mesh=mesh, in_specs=(P(), specs, P(), P(), P()),
+                       out_specs=(specs, per_device, per_device, per_device),
+                       check_vma=False)(params, state, key, forced, version)
+
+
+def _decode_steps(graphdef, params, state: SlotState, key, forced, version, page_indices, *,
+                  width, steps, temperature, top_k, top_p, eos_ids, mesh, impl):
+  """``_decode_chunk``'s loop over one program's slots (all of them, or one replica's):
+  (state, steps run, kv positions needed, kv positions of the pages read), int32 scalars."""
   model = nnx.merge(graphdef, params)
-  n_req, m = state.tokens.shape[0] - 1, state.tokens.shape[1]
+  n_req, m = state.tokens.shape[1] - 1, state.tokens.shape[2]
   eos = jnp.asarray(eos_ids, jnp.int32)
 
   def cond(c):
@@ -477,7 +555,7 @@ def _decode_chunk(graphdef, params, state: SlotState, key, forced, version, page
         st.request, st.step)
     tok, lp, flp = sample_token(keys, logits, temperature, top_k, top_p)
     row = jnp.where(active, st.request, n_req + 1)  # out of range: dropped
-    at = (row, st.step)
+    at = (0, row, st.step)  # the program's own output buffer
     stopped = jnp.isin(tok, eos) | (st.step + 1 >= m)
     if st.paged:
       logits, ck, cv = decode_step_paged(model, tok, st.length, st.k, st.v, page_indices,
@@ -830,7 +908,8 @@ class _HostLoop:
     else:
       stats.kv_bytes_held = s * c.capacity * _kv_position_bytes(cfg)
     state = _new_state(cfg, s, c.capacity, c.n_req, c.m, c.pad_id, c.mesh,
-                       *((pool.refcount.shape[0], c.page_size) if c.paged else ()))
+                       *((pool.refcount.shape[0], c.page_size) if c.paged else (0, 0)),
+                       replicas=engine_replicas(c.mesh, params, c.paged))
     return cls(c=c, params=params, version=int(version), state=state, pool=pool, s=s,
                done=np.ones((s,), bool), length=np.zeros((s,), np.int32),
                prompt_len=np.zeros((s,), np.int32), request=np.full((s,), c.n_req, np.int32),
@@ -950,12 +1029,12 @@ class _HostLoop:
         eos_ids=c.eos_ids, mesh=c.mesh, impl=c.impl)
     h = multihost.to_host({"done": self.state.done, "length": self.state.length, "ran": ran,
                            "needed": needed, "request": self.state.request, "read": read})
-    ran = int(h["ran"])
+    ran = int(np.max(h["ran"]))  # the replicas' longest loop
     st.chunks += 1
     st.row_steps += self.s * ran
-    st.kv_needed += int(h["needed"])
+    st.kv_needed += int(np.sum(h["needed"]))
     if c.paged:
-      st.kv_read += int(h["read"])
+      st.kv_read += int(np.sum(h["read"]))
       st.kv_table_read += self.s * table_pages * c.page_size * ran
     else:
       st.kv_read += self.s * width * ran
@@ -988,11 +1067,12 @@ class _HostLoop:
     """``run``'s return value: the requests' tokens, log-probs and versions on the host, the
     stop-inclusive lengths, and the finished ``EngineStats``."""
     c, st = self.c, self.stats
-    out = multihost.to_host({"tokens": self.state.tokens[:c.n_req],
-                             "logprobs": self.state.logprobs[:c.n_req],
-                             "full": self.state.full_logprobs[:c.n_req],
-                             "versions": self.state.versions[:c.n_req]})
-    tokens = out["tokens"]
+    out = multihost.to_host({"tokens": self.state.tokens[:, :c.n_req],
+                             "logprobs": self.state.logprobs[:, :c.n_req],
+                             "full": self.state.full_logprobs[:, :c.n_req],
+                             "versions": self.state.versions[:, :c.n_req]})
+    tokens, logprobs, full, versions = _merge_replicas(
+        out["tokens"], out["logprobs"], out["full"], out["versions"], c.pad_id)
     is_stop = np.isin(tokens, np.asarray(c.eos_ids, np.int32))
     length = np.where(is_stop.any(-1), is_stop.argmax(-1) + 1, c.m).astype(np.int32)
     st.useful_row_steps = int(length.sum())
@@ -1000,7 +1080,7 @@ class _HostLoop:
     if c.paged:
       st.kv_bytes_held = st.peak_pages * c.page_size * _kv_position_bytes(c.cfg)
       st.pool = self.pool
-    return tokens, out["logprobs"], out["full"], length, out["versions"], st
+    return tokens, logprobs, full, length, versions, st
 
 
 def _kv_position_bytes(cfg) -> int:
@@ -1082,22 +1162,24 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
 
 
 def _new_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int, pad_id: int,
-               mesh: Mesh | None, num_pages: int = 0, page_size: int = 0) -> SlotState:
+               mesh: Mesh | None, num_pages: int = 0, page_size: int = 0,
+               replicas: int = 1) -> SlotState:
   """``init_state`` built directly in its layout (``_slot_sharding``) when there is a mesh."""
   if mesh is None:
     return init_state(cfg, slots, capacity, requests, max_new_tokens, pad_id, num_pages,
                       page_size)
   return _state_builder(cfg, slots, capacity, requests, max_new_tokens, pad_id, mesh,
-                        num_pages, page_size)()
+                        num_pages, page_size, replicas)()
 
 
 @functools.lru_cache(maxsize=64)
 def _state_builder(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int,
-                   pad_id: int, mesh: Mesh, num_pages: int = 0, page_size: int = 0):
+                   pad_id: int, mesh: Mesh, num_pages: int = 0, page_size: int = 0,
+                   replicas: int = 1):
   """The jitted ``init_state`` of one engine shape on ``mesh``, built once: a new jit per
   call would trace and compile it again every round."""
   build = functools.partial(init_state, cfg, slots, capacity, requests, max_new_tokens, pad_id,
-                            num_pages, page_size)
+                            num_pages, page_size, replicas)
   return jax.jit(build, out_shardings=_slot_sharding(mesh, jax.eval_shape(build)))
 
 
@@ -1109,8 +1191,9 @@ def lower_programs(graphdef: nnx.GraphDef, params, *, slots: int, prompt_width: 
   Args:
     graphdef, params: the policy; ``params`` may be ``jax.ShapeDtypeStruct`` leaves with
       shardings. slots: S. prompt_width: P. max_new_tokens: M. requests: R (the output
-      arrays are [R + 1, M]). temperature, top_k, top_p, chunk_steps: as ``run``.
-    mesh: optional mesh (the state takes ``_slot_sharding``).
+      arrays are [D, R + 1, M]). temperature, top_k, top_p, chunk_steps: as ``run``.
+    mesh: optional mesh (the state takes ``_slot_sharding``; with the parameters replicated
+      on it, one engine per device, ``engine_replicas``).
 
   Returns:
     {"insert": compiled prefill of min(S, ``PREFILL_PROMPTS``) prompts of width P into S slots,
@@ -1120,7 +1203,8 @@ def lower_programs(graphdef: nnx.GraphDef, params, *, slots: int, prompt_width: 
   """
   cfg = nnx.merge(graphdef, params).cfg
   capacity = prompt_width + max_new_tokens
-  build = functools.partial(init_state, cfg, slots, capacity, requests, max_new_tokens, 0)
+  build = functools.partial(init_state, cfg, slots, capacity, requests, max_new_tokens, 0,
+                            replicas=engine_replicas(mesh, params))
   state = jax.eval_shape(build)
   rep = None if mesh is None else NamedSharding(mesh, P())
   if mesh is not None:
