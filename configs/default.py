@@ -68,10 +68,12 @@ def get_config():
   # (refill, batch shrink, attention width); a finished row idles at most this many steps.
   # paged: the KV cache as a pool of pages of page_size positions (prompt pages shared by a
   # group); num_pages: the pool (0 = every slot at full length); attention: paged decode
-  # attention, 'auto' | 'xla' | 'pallas'.
+  # attention, 'auto' | 'xla' | 'pallas'. overlap_host_check: dispatch each decode chunk
+  # before the host reads the one before (a freed slot is refilled a chunk later).
   c.sampler = config_dict.ConfigDict(dict(max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0,
                                           slots=0, chunk_steps=16, paged=False, page_size=16,
-                                          num_pages=0, attention="auto"))
+                                          num_pages=0, attention="auto",
+                                          overlap_host_check=False))
 
   # behaviour_logprobs: "sampler" stores the sampler's log-probs; "learner" rescores the
   # completions with the learner's forward before insertion, so a fresh rollout's

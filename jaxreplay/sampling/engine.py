@@ -511,24 +511,26 @@ def _decode_chunk(graphdef, params, state: SlotState, key, forced, version, page
   when its own slots are done.
 
   Returns (state, steps run [D] int32, kv positions needed [D] int32, kv positions of the
-  pages up to each decoding slot's length [D] int32 (0 for a contiguous state)), one entry
-  per engine replica."""
+  pages up to each decoding slot's length [D] int32 (0 for a contiguous state), one entry
+  per engine replica; (done [S] bool, length [S] int32, request [S] int32) — copies that
+  outlive the state's donation to the next chunk, for the host to read while it runs)."""
   decode = functools.partial(_decode_steps, graphdef, width=width, steps=steps,
                              temperature=temperature, top_k=top_k, top_p=top_p,
                              eos_ids=eos_ids, impl=impl)
   if state.tokens.shape[0] == 1:
     state, *counts = decode(params, state, key, forced, version, page_indices, mesh=mesh)
-    return state, *(x[None] for x in counts)
+    return state, *(x[None] for x in counts), (state.done, state.length, state.request)
   specs = jax.tree.map(lambda sh: sh.spec, _slot_sharding(mesh, state))
   per_device = fit_spec(P(BATCH_AXES), (state.tokens.shape[0],), mesh)
 
   def local(p, st, k, f, v):
     st, *counts = decode(p, st, k, f, v, None, mesh=None)
-    return st, *(x[None] for x in counts)
+    return st, *(x[None] for x in counts), (st.done, st.length, st.request)
 
   # check_vma off: the loop's counters start replicated and end per device.
   return jax.shard_map(local, mesh=mesh, in_specs=(P(), specs, P(), P(), P()),
-                       out_specs=(specs, per_device, per_device, per_device),
+                       out_specs=(specs, per_device, per_device, per_device,
+                                  (specs.done, specs.length, specs.request)),
                        check_vma=False)(params, state, key, forced, version)
 
 
@@ -816,11 +818,13 @@ class _Call:
   n_pages: int
   page_size: int
   table: int  # pages of one slot at full length
+  pipelined: bool  # the host reads a chunk's slots while the next one runs (contiguous cache)
 
   @classmethod
   def make(cls, cfg, prompt_tokens, prompt_mask, key, *, max_new_tokens, temperature, eos_ids,
            pad_id, top_k, top_p, group_size, slots, chunk_steps, mesh, forced_lengths,
-           prefill_prompts, paged, page_size, num_pages, attention, graphdef) -> "_Call":
+           prefill_prompts, paged, page_size, num_pages, attention, graphdef,
+           pipelined=False) -> "_Call":
     """``run``'s arguments checked (its Raises) and the call's fixed quantities derived."""
     toks = np.asarray(prompt_tokens)
     mask = np.asarray(prompt_mask, bool)
@@ -858,7 +862,7 @@ class _Call:
             pad_id=pad_id, eos_ids=tuple(int(e) for e in eos_ids),
             temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), key=key,
             forced=None, paged=paged, impl=impl, worst=worst, n_pages=n_pages,
-            page_size=page_size, table=table)
+            page_size=page_size, table=table, pipelined=bool(pipelined) and not paged)
     forced = (None if forced_lengths is None
               else c.place(np.clip(np.asarray(forced_lengths, np.int32), 1, m)))
     key = key if mesh is None else multihost.to_global(key, NamedSharding(mesh, P()))
@@ -881,6 +885,14 @@ class _HostLoop:
   The device holds the ``SlotState``; the host keeps what each of the S slots holds (free
   or not, its length, its prompt's length, its request), the page pool (paged), the policy
   and its version, and the next request to admit.
+
+  Pipelined (``overlap_host_check``, the contiguous cache): the host's view of the slots is one chunk behind the
+  device. A chunk is dispatched before the host reads the one before it (whose copy to the
+  host started when it was dispatched), so the device never waits for the host's check:
+  the next requests go into the slots the chunk before freed, and the attention width
+  covers the k steps the chunk in flight may add. Slots filled since the chunk being read
+  was dispatched keep their new host view (``fresh``). The paged cache reads each chunk
+  at once: its page accounting needs the lengths now.
   """
   c: _Call
   params: nnx.State
@@ -895,6 +907,8 @@ class _HostLoop:
   stats: EngineStats
   next_req: int = 0
   shapes: set = dataclasses.field(default_factory=set)  # (S, width) of the decode programs
+  inflight: tuple | None = None  # (slot view, width, table pages) of the chunk not yet read
+  fresh: np.ndarray | None = None  # [S] bool: filled since the chunk in flight was dispatched
 
   @classmethod
   def start(cls, c: _Call, params, version: int) -> "_HostLoop":
@@ -913,11 +927,17 @@ class _HostLoop:
     return cls(c=c, params=params, version=int(version), state=state, pool=pool, s=s,
                done=np.ones((s,), bool), length=np.zeros((s,), np.int32),
                prompt_len=np.zeros((s,), np.int32), request=np.full((s,), c.n_req, np.int32),
-               stats=stats)
+               stats=stats, fresh=np.zeros((s,), bool))
 
   def pending(self) -> bool:
-    """Requests still to admit or to finish."""
-    return self.next_req < self.c.n_req or not self.done.all()
+    """Requests still to admit or to finish (the chunk in flight read first when the host's
+    view says none)."""
+    if self.next_req < self.c.n_req or not self.done.all():
+      return True
+    if self.inflight is None:
+      return False
+    self._drain()
+    return self.pending()
 
   def fill_free_slots(self):
     """Prefills the next requests into the free slots: at most ``prefill_prompts`` prompts
@@ -966,6 +986,7 @@ class _HostLoop:
     self.state = _insert(c.graphdef, self.params, self.state, c.place_rows(pr),
                          c.place_rows(pl), *map(c.place, (fill, src, rq)), writes, mesh=c.mesh)
     self.done[slots] = False
+    self.fresh[slots] = True
     self.length[slots] = pl[source]
     self.prompt_len[slots] = pl[source]
     self.request[slots] = reqs
@@ -982,7 +1003,7 @@ class _HostLoop:
     """
     c = self.c
     active = ~self.done
-    width = width_bucket(int(self.length[active].max()) + c.steps, c.capacity)
+    width = width_bucket(int(self.length[active].max()) + c.steps + self._lag(), c.capacity)
     if not c.paged:
       return width, None
     for slot in np.flatnonzero(active):
@@ -1007,7 +1028,7 @@ class _HostLoop:
     c = self.c
     self.params, self.version = swap[0], int(swap[1])
     active = ~self.done
-    r_width = width_bucket(int(self.length[active].max()), c.capacity)
+    r_width = width_bucket(int(self.length[active].max()) + self._lag(), c.capacity)
     writes = None
     if c.paged:
       writes = tuple(map(c.place, _refresh_writes(self.pool, self.length, active, r_width)))
@@ -1017,28 +1038,56 @@ class _HostLoop:
                           mesh=c.mesh, slot_block=block)
     self.stats.swaps += 1
 
+  def _lag(self) -> int:
+    """Positions the device's slots may be ahead of the host's view: the k steps of the
+    chunk in flight (0 when every chunk has been read)."""
+    return self.c.steps if self.inflight is not None else 0
+
   def decode_chunk(self, width: int, table_pages: int | None):
-    """k decode steps (``_decode_chunk``), then each slot's stop, length and request copied
-    to the host; a finished request's pages go back to the pool."""
-    c, st = self.c, self.stats
+    """Dispatches k decode steps (``_decode_chunk``), then reads the slots (stop, length,
+    request) after the chunk before it (pipelined) or after this one (paged)."""
+    c = self.c
     self.shapes.add((self.s, width))
-    self.state, ran, needed, read = _decode_chunk(
+    self.state, ran, needed, read, (done, length, request) = _decode_chunk(
         c.graphdef, self.params, self.state, c.key, c.forced, c.place(np.int32(self.version)),
         None if self.pool is None else c.place(self.pool.page_indices[:, :table_pages]),
         width=width, steps=c.steps, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
         eos_ids=c.eos_ids, mesh=c.mesh, impl=c.impl)
-    h = multihost.to_host({"done": self.state.done, "length": self.state.length, "ran": ran,
-                           "needed": needed, "request": self.state.request, "read": read})
-    ran = int(np.max(h["ran"]))  # the replicas' longest loop
+    view = ({"done": done, "length": length, "request": request, "ran": ran,
+             "needed": needed, "read": read}, width, table_pages)
+    if c.pipelined:
+      for x in jax.tree.leaves(view[0]):
+        if x.is_fully_addressable:
+          x.copy_to_host_async()
+      view, self.inflight = self.inflight, view
+    else:
+      self.fresh[:] = False
+    if view is not None:
+      self._read(*view)
+    self.fresh[:] = False
+
+  def _drain(self):
+    """Reads the chunk in flight (waits for it)."""
+    view, self.inflight = self.inflight, None
+    if view is not None:
+      self._read(*view)
+
+  def _read(self, view: dict, width: int, table_pages: int | None):
+    """One chunk's slot view into the host's (except the ``fresh`` slots) and its stats; a
+    finished request's pages go back to the pool."""
+    c, st = self.c, self.stats
+    h = multihost.to_host(view)
+    ran, s = int(np.max(h["ran"])), len(h["done"])  # the replicas' longest loop
     st.chunks += 1
-    st.row_steps += self.s * ran
+    st.row_steps += s * ran
     st.kv_needed += int(np.sum(h["needed"]))
     if c.paged:
       st.kv_read += int(np.sum(h["read"]))
-      st.kv_table_read += self.s * table_pages * c.page_size * ran
+      st.kv_table_read += s * table_pages * c.page_size * ran
     else:
-      st.kv_read += self.s * width * ran
-    self.done, self.length, self.request = (np.array(h[k])
+      st.kv_read += s * width * ran
+    keep = self.fresh
+    self.done, self.length, self.request = (np.where(keep, getattr(self, k), np.array(h[k]))
                                             for k in ("done", "length", "request"))
     if c.paged:
       for slot in np.flatnonzero(self.done & (self.pool.mapped > 0)):
@@ -1049,19 +1098,27 @@ class _HostLoop:
     decoding slots in a smaller bucket (``_select_slots``; the dropped slots are finished,
     their pages already released)."""
     c = self.c
-    n_active = int((~self.done).sum())
-    if not (self.next_req >= c.n_req and 0 < n_active <= self.s // 2 and self.s > c.min_slots):
+    if not self._shrinkable():
       return
+    self._drain()  # the slots are reordered: no chunk may be read against the old order
+    if not self._shrinkable():
+      return
+    n_active = int((~self.done).sum())
     new_s = -(-max(c.min_slots, _pow2_at_least(n_active, 1)) // c.shards) * c.shards
     keep = np.concatenate([np.flatnonzero(~self.done), np.flatnonzero(self.done)])[:new_s]
     self.state = _select_slots(self.state, c.place(keep.astype(np.int32)), mesh=c.mesh)
     self.done, self.length, self.request = self.done[keep], self.length[keep], self.request[keep]
-    self.prompt_len = self.prompt_len[keep]
+    self.prompt_len, self.fresh = self.prompt_len[keep], self.fresh[keep]
     if c.paged:
       self.pool = self.pool.replace(page_indices=self.pool.page_indices[keep],
                                     mapped=self.pool.mapped[keep],
                                     shared=self.pool.shared[keep])
     self.s = new_s
+
+  def _shrinkable(self) -> bool:
+    c = self.c
+    n_active = int((~self.done).sum())
+    return self.next_req >= c.n_req and 0 < n_active <= self.s // 2 and self.s > c.min_slots
 
   def outputs(self):
     """``run``'s return value: the requests' tokens, log-probs and versions on the host, the
@@ -1094,7 +1151,7 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
         chunk_steps: int = 16, mesh: Mesh | None = None, forced_lengths=None,
         prefill_prompts: int = PREFILL_PROMPTS, version: int = 0, weights=None,
         paged: bool = False, page_size: int = 16, num_pages: int = 0,
-        attention: str = "auto"):
+        attention: str = "auto", overlap_host_check: bool = False):
   """Decodes G completions of each prompt with S refilled slots (the host loop).
 
   Args:
@@ -1128,6 +1185,9 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
       full length, S · ceil(C / page_size); else >= the pages of one request at full
       length). attention: 'auto' | 'xla' | 'pallas', the paged decode attention
       (``paged.resolve_impl`` on ``jax.default_backend()``).
+    overlap_host_check: the contiguous cache's host loop pipelined (``_HostLoop``): each
+      chunk dispatched before the host reads the one before; the same tokens, a freed slot
+      refilled a chunk later. Ignored with ``paged``.
 
   Returns:
     (tokens [N·G, M] int32, logprobs [N·G, M] float32, full_logprobs [N·G, M] float32,
@@ -1145,7 +1205,7 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
                  top_p=top_p, group_size=group_size, slots=slots, chunk_steps=chunk_steps,
                  mesh=mesh, forced_lengths=forced_lengths, prefill_prompts=prefill_prompts,
                  paged=paged, page_size=page_size, num_pages=num_pages, attention=attention,
-                 graphdef=graphdef)
+                 graphdef=graphdef, pipelined=overlap_host_check)
   loop = _HostLoop.start(c, params, version)
   while loop.pending():
     # 1. the next requests into the free slots, one bounded prefill at a time (pages permitting)

@@ -34,6 +34,12 @@ class SamplingSpec(Spec):
     attention: the paged decode attention: 'xla' (a gather of the slot's pages), 'pallas'
       (JAX's Pallas paged-attention kernel of the GPU or TPU, the xla path elsewhere or for
       shapes it cannot take) or 'auto' (the kernel on GPU/TPU, xla on CPU).
+    overlap_host_check: dispatch each decode chunk before the host reads the one before it
+      (contiguous cache): the device never waits for the host's refill check, but a freed
+      slot is refilled one chunk later (it idles up to 2 × chunk_steps steps instead of
+      chunk_steps), and the attention width covers the chunk in flight. The tokens are the
+      same either way; which is faster depends on the host's round trip against a chunk's
+      decode time (docs/performance.md).
   """
 
   SECTION: ClassVar[str] = "sampler"
@@ -48,6 +54,7 @@ class SamplingSpec(Spec):
   page_size: int = field(16, ge=1)
   num_pages: int = field(0, ge=0, allowed="(0 = every slot at full length)")
   attention: str = field("auto", choices=("auto", "xla", "pallas"))
+  overlap_host_check: bool = field(False)
 
   def with_overrides(self, temperature: float | None = None,
                      top_p: float | None = None) -> SamplingSpec:

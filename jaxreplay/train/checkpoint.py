@@ -436,7 +436,7 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 BEHAVES_AS_ABSENT = {"rollout.behaviour_logprobs": "sampler", "eval.batch_rows": 1024,
                      "sampler.slots": 0, "sampler.chunk_steps": 16,
                      "sampler.paged": False, "sampler.page_size": 16, "sampler.num_pages": 0,
-                     "sampler.attention": "auto",
+                     "sampler.attention": "auto", "sampler.overlap_host_check": False,
                      "algo.pack_sequences": False,
                      # optional model keys before the model spec stated them (absent = off)
                      "model.scan_layers": False, "model.remat": "none",
