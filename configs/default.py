@@ -70,10 +70,13 @@ def get_config():
   # group); num_pages: the pool (0 = every slot at full length); attention: paged decode
   # attention, 'auto' | 'xla' | 'pallas'. overlap_host_check: dispatch each decode chunk
   # before the host reads the one before (a freed slot is refilled a chunk later).
+  # on_weight_swap: an in-flight weight update re-prefills the decoding slots ('recompute')
+  # or keeps their KV cache ('keep_kv', as PipelineRL).
   c.sampler = config_dict.ConfigDict(dict(max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0,
                                           slots=0, chunk_steps=16, paged=False, page_size=16,
                                           num_pages=0, attention="auto",
-                                          overlap_host_check=False))
+                                          overlap_host_check=False,
+                                          on_weight_swap="recompute"))
 
   # behaviour_logprobs: "sampler" stores the sampler's log-probs; "learner" rescores the
   # completions with the learner's forward before insertion, so a fresh rollout's

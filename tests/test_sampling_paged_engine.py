@@ -8,7 +8,8 @@ greedy and sampled, with G = 3 samples sharing their prompt pages, more requests
 in-flight weight swap, a pool too small for all slots at once (requests wait for pages),
 and on an 8-device mesh. Every page is back in the pool after ``run``; page counts are
 checked by hand. The contiguous cache's weight-swap re-prefill, one slot block at a time,
-keeps its compiled temporaries to one block's.
+keeps its compiled temporaries to one block's; a swap that keeps the caches
+(``on_weight_swap='keep_kv'``) records each token's logits' version.
 """
 
 import jax
@@ -135,6 +136,50 @@ def test_in_flight_weight_swap(policy, prompts, score_bytes, monkeypatch):
   assert ref[5].swaps == out[5].swaps == 1
   assert set(np.unique(ref[4])) == {0, 1}  # both versions sampled tokens
   assert_pool_empty(out[5], SLOTS * 8)
+
+
+def swap_after(chunks, params, version):
+  """A weight source that returns (params, version) from its call ``chunks`` + 1 on."""
+  calls = []
+
+  def weights():
+    calls.append(1)
+    return (params, version) if len(calls) > chunks else None
+  return weights
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_keep_kv_swap_records_the_version_of_each_tokens_logits(policy, prompts, paged):
+  """``on_weight_swap='keep_kv'`` with the same parameters published as version 1 before
+  the third chunk: nothing is re-prefilled, so the tokens and log-probs are the run's
+  without a swap, bit for bit; a request decoding at the swap draws its next token from
+  the logits version 0 computed, so it records one more version-0 token than under
+  'recompute' (which re-prefills and records 1 from the swap on); requests that finished
+  before or started after are all 0 or all 1 under both."""
+  _, params = policy
+  kw = dict(paged=paged, page_size=PAGE) if paged else {}
+  plain = run(policy, prompts, 1.0, **kw)
+  keep = run(policy, prompts, 1.0, weights=swap_after(2, params, 1), on_weight_swap="keep_kv",
+             **kw)
+  recompute = run(policy, prompts, 1.0, weights=swap_after(2, params, 1), **kw)
+  for i in (0, 1, 2, 3):
+    np.testing.assert_array_equal(keep[i], plain[i])
+  assert keep[5].swaps == recompute[5].swaps == 1
+  np.testing.assert_array_equal(recompute[3], plain[3])  # same lengths (same draws)
+  length = plain[3]
+  written = np.arange(M)[None, :] < length[:, None]
+  zeros_keep = ((keep[4] == 0) & written).sum(1)
+  zeros_rec = ((recompute[4] == 0) & written).sum(1)
+  decoding = (zeros_rec > 0) & (zeros_rec < length)
+  assert decoding.any() and (~decoding).any()
+  np.testing.assert_array_equal(zeros_keep, zeros_rec + decoding)
+  for versions in (keep[4], recompute[4]):  # 0s, then 1s, in every request
+    assert (np.diff(np.where(written, versions, 1), axis=1) >= 0).all()
+
+
+def test_unknown_on_weight_swap_names_the_field(policy, prompts):
+  with pytest.raises(ValueError, match="sampler.on_weight_swap='keep'; valid: 'recompute', 'keep_kv'"):
+    run(policy, prompts, 1.0, on_weight_swap="keep")
 
 
 @pytest.mark.numerics

@@ -72,6 +72,7 @@ from jaxreplay.sampling.distribution import sample_token
 MIN_WIDTH = 64  # smallest attention width bucket (positions)
 MIN_SLOTS = 8  # the tail shrinks the batch down to this many slots, not below
 PREFILL_PROMPTS = 32  # most prompts one insert call prefills
+ON_WEIGHT_SWAP = ("recompute", "keep_kv")  # what an in-flight weight swap does to the caches
 
 
 @flax.struct.dataclass
@@ -97,6 +98,9 @@ class SlotState:
       (0 where another replica sampled).
     seq: [S, C] int32 the slot's tokens (prompt at 0 .. len-1, then the completion so far):
       what a weight swap re-prefills (``_refresh``).
+    logits_version: [S] int32 policy version of the parameters that computed ``last_logits``
+      (the version the slot's next token records: after a ``keep_kv`` swap, a decoding
+      slot's first token still comes from the old parameters' logits).
     paged: static; True when ``k``, ``v`` are a page pool [L, K, N, page_size, E] (the
       page tables stay on the host, ``paged.PagePool``) instead of per-slot caches.
   """
@@ -113,6 +117,7 @@ class SlotState:
   full_logprobs: jax.Array
   versions: jax.Array
   seq: jax.Array
+  logits_version: jax.Array
   paged: bool = flax.struct.field(pytree_node=False, default=False)
 
 
@@ -210,7 +215,8 @@ def _slot_sharding(mesh: Mesh, state: SlotState) -> SlotState:
                    request=batch(state.request), step=batch(state.step), done=batch(state.done),
                    tokens=batch(state.tokens), logprobs=batch(state.logprobs),
                    full_logprobs=batch(state.full_logprobs), versions=batch(state.versions),
-                   seq=batch(state.seq), paged=state.paged)
+                   seq=batch(state.seq), logits_version=batch(state.logits_version),
+                   paged=state.paged)
 
 
 def _constrain(state: SlotState, mesh: Mesh | None) -> SlotState:
@@ -382,7 +388,8 @@ def init_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: in
                    step=jnp.zeros((slots,), jnp.int32), done=jnp.ones((slots,), bool),
                    tokens=jnp.full(out, pad_id, jnp.int32), logprobs=jnp.zeros(out, jnp.float32),
                    full_logprobs=jnp.zeros(out, jnp.float32), versions=jnp.zeros(out, jnp.int32),
-                   seq=jnp.full((slots, capacity), pad_id, jnp.int32), paged=bool(num_pages))
+                   seq=jnp.full((slots, capacity), pad_id, jnp.int32),
+                   logits_version=jnp.zeros((slots,), jnp.int32), paged=bool(num_pages))
 
 
 def _write_pages(pages: jax.Array, kv: jax.Array, writes) -> jax.Array:
@@ -409,9 +416,10 @@ def _write_pages(pages: jax.Array, kv: jax.Array, writes) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "mesh"), donate_argnames=("state",))
 def _insert(graphdef, params, state: SlotState, prompts, prompt_len, fill, source, request,
-            writes=None, *, mesh):
+            writes=None, version=0, *, mesh):
   """Prefills ``prompts`` [N, W] once; every slot s with ``fill[s]`` ([S] bool) takes
-  prompt ``source[s]``'s cache for request ``request[s]`` ([S] int32 each).
+  prompt ``source[s]``'s cache for request ``request[s]`` ([S] int32 each); ``version``
+  (int32 scalar) is the policy version of ``params``.
 
   Written per slot (a gather of the N prefilled prompts, then a select), so with a mesh the
   slots' arrays stay split as the state is and only the N prompts' keys and values move.
@@ -442,7 +450,7 @@ def _insert(graphdef, params, state: SlotState, prompts, prompt_len, fill, sourc
       last_logits=put(state.last_logits,
                       per_slot(logits, 0, None if sharding is None else sharding.last_logits)),
       request=put(state.request, request), step=jnp.where(fill, 0, state.step),
-      done=state.done & ~fill,
+      done=state.done & ~fill, logits_version=jnp.where(fill, version, state.logits_version),
       seq=state.seq.at[:, :w].set(put(state.seq[:, :w], per_slot(
           prompts, 0, None if sharding is None else sharding.seq))))
   return _constrain(state, mesh)
@@ -572,10 +580,11 @@ def _decode_steps(graphdef, params, state: SlotState, key, forced, version, page
         tokens=st.tokens.at[at].set(tok, mode="drop"),
         logprobs=st.logprobs.at[at].set(lp, mode="drop"),
         full_logprobs=st.full_logprobs.at[at].set(flp, mode="drop"),
-        versions=st.versions.at[at].set(version, mode="drop"),
+        versions=st.versions.at[at].set(st.logits_version, mode="drop"),
         seq=st.seq.at[jnp.arange(st.seq.shape[0]), jnp.where(active, st.length, st.seq.shape[1])
                       ].set(tok, mode="drop"),
-        length=st.length + active, step=st.step + active)
+        length=st.length + active, step=st.step + active,
+        logits_version=jnp.where(active, version, st.logits_version))
     needed = needed + jnp.where(active, st.length, 0).sum(dtype=jnp.int32)
     return i + 1, _constrain(st, mesh), needed, read
 
@@ -593,7 +602,8 @@ def _select_slots(state: SlotState, keep, *, mesh):
   return _constrain(state.replace(
       **kv, length=take(state.length, 0),
       last_logits=take(state.last_logits, 0), request=take(state.request, 0),
-      step=take(state.step, 0), done=take(state.done, 0), seq=take(state.seq, 0)), mesh)
+      step=take(state.step, 0), done=take(state.done, 0), seq=take(state.seq, 0),
+      logits_version=take(state.logits_version, 0)), mesh)
 
 
 # A weight swap's re-prefill runs a few slots at a time (``refresh_slot_block``): its
@@ -623,7 +633,8 @@ def refresh_slot_block(cfg, slots_per_device: int, width: int) -> int:
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "width", "mesh", "slot_block"),
                    donate_argnames=("state",))
-def _refresh(graphdef, params, state: SlotState, writes=None, *, width, mesh, slot_block=0):
+def _refresh(graphdef, params, state: SlotState, writes=None, version=None, *, width, mesh,
+             slot_block=0):
   """Every decoding slot's keys, values and next-token logits recomputed with ``params``.
 
   An in-flight weight swap (PipelineRL's in-flight update) re-prefills each slot's tokens
@@ -632,7 +643,8 @@ def _refresh(graphdef, params, state: SlotState, writes=None, *, width, mesh, sl
   context, so its recorded behaviour log-prob is the one the learner recomputes for the
   version it records (the cache would otherwise mix the two versions' keys and values).
   A paged state writes the new keys and values into each slot's pages (``writes``, see
-  ``_write_pages``: a shared prompt page once).
+  ``_write_pages``: a shared prompt page once). ``version`` (int32 scalar, or None to leave
+  it) becomes each decoding slot's ``logits_version``.
 
   The contiguous cache is refreshed in place, ``slot_block`` slots per device at a time
   (``refresh_slot_block``; 0: all at once): a ``lax.scan`` over slot blocks, each block's
@@ -641,6 +653,8 @@ def _refresh(graphdef, params, state: SlotState, writes=None, *, width, mesh, sl
   layer's activations — instead of every slot's, and no second cache-sized array.
   """
   model = nnx.merge(graphdef, params)
+  if version is not None:  # every decoding slot's next logits now come from ``params``
+    state = state.replace(logits_version=jnp.where(~state.done, version, state.logits_version))
   lengths = jnp.maximum(state.length, 1)
   live = ~state.done
   if state.paged:
@@ -819,12 +833,13 @@ class _Call:
   page_size: int
   table: int  # pages of one slot at full length
   pipelined: bool  # the host reads a chunk's slots while the next one runs (contiguous cache)
+  on_weight_swap: str  # 'recompute' | 'keep_kv' (``ON_WEIGHT_SWAP``)
 
   @classmethod
   def make(cls, cfg, prompt_tokens, prompt_mask, key, *, max_new_tokens, temperature, eos_ids,
            pad_id, top_k, top_p, group_size, slots, chunk_steps, mesh, forced_lengths,
            prefill_prompts, paged, page_size, num_pages, attention, graphdef,
-           pipelined=False) -> "_Call":
+           pipelined=False, on_weight_swap="recompute") -> "_Call":
     """``run``'s arguments checked (its Raises) and the call's fixed quantities derived."""
     toks = np.asarray(prompt_tokens)
     mask = np.asarray(prompt_mask, bool)
@@ -835,6 +850,9 @@ class _Call:
       raise ValueError("every prompt row needs at least one real token (prompt_mask all False)")
     if forced_lengths is not None and not eos_ids:
       raise ValueError("forced_lengths needs a stop id (eos_ids is empty)")
+    if on_weight_swap not in ON_WEIGHT_SWAP:
+      raise ValueError(f"sampler.on_weight_swap={on_weight_swap!r}; valid: "
+                       f"{', '.join(map(repr, ON_WEIGHT_SWAP))}")
     n_req = n_prompts * group_size
     m = max_new_tokens
     capacity = p + m
@@ -862,7 +880,8 @@ class _Call:
             pad_id=pad_id, eos_ids=tuple(int(e) for e in eos_ids),
             temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), key=key,
             forced=None, paged=paged, impl=impl, worst=worst, n_pages=n_pages,
-            page_size=page_size, table=table, pipelined=bool(pipelined) and not paged)
+            page_size=page_size, table=table, pipelined=bool(pipelined) and not paged,
+            on_weight_swap=on_weight_swap)
     forced = (None if forced_lengths is None
               else c.place(np.clip(np.asarray(forced_lengths, np.int32), 1, m)))
     key = key if mesh is None else multihost.to_global(key, NamedSharding(mesh, P()))
@@ -984,7 +1003,8 @@ class _HostLoop:
       writes = tuple(map(c.place, writes))
       self.stats.peak_pages = max(self.stats.peak_pages, c.n_pages - self.pool.num_free)
     self.state = _insert(c.graphdef, self.params, self.state, c.place_rows(pr),
-                         c.place_rows(pl), *map(c.place, (fill, src, rq)), writes, mesh=c.mesh)
+                         c.place_rows(pl), *map(c.place, (fill, src, rq)), writes,
+                         c.place(np.int32(self.version)), mesh=c.mesh)
     self.done[slots] = False
     self.fresh[slots] = True
     self.length[slots] = pl[source]
@@ -1018,8 +1038,12 @@ class _HostLoop:
     return width, table_pages
 
   def maybe_swap_weights(self, weights):
-    """Asks ``weights`` (``run``'s argument) for a newer policy; with one, every decoding
-    slot is re-prefilled with it (``_refresh``) and later tokens record its version."""
+    """Asks ``weights`` (``run``'s argument) for a newer policy. With one, 'recompute'
+    re-prefills every decoding slot with it (``_refresh``), so every later token comes
+    from it; 'keep_kv' keeps the slots' caches (and the next-token logits the old
+    parameters computed), so the later tokens come from the new parameters over the old
+    keys and values, as PipelineRL samples. Each token records the version of the
+    parameters whose logits it was drawn from (``SlotState.logits_version``)."""
     if weights is None:
       return
     swap = weights()
@@ -1027,6 +1051,9 @@ class _HostLoop:
       return
     c = self.c
     self.params, self.version = swap[0], int(swap[1])
+    self.stats.swaps += 1
+    if c.on_weight_swap == "keep_kv":
+      return
     active = ~self.done
     r_width = width_bucket(int(self.length[active].max()) + self._lag(), c.capacity)
     writes = None
@@ -1034,9 +1061,9 @@ class _HostLoop:
       writes = tuple(map(c.place, _refresh_writes(self.pool, self.length, active, r_width)))
     block = refresh_slot_block(c.cfg, self.state.length.shape[0] // batch_shards(c.mesh),
                                r_width)
-    self.state = _refresh(c.graphdef, self.params, self.state, writes, width=r_width,
-                          mesh=c.mesh, slot_block=block)
-    self.stats.swaps += 1
+    self.state = _refresh(c.graphdef, self.params, self.state, writes,
+                          c.place(np.int32(self.version)), width=r_width, mesh=c.mesh,
+                          slot_block=block)
 
   def _lag(self) -> int:
     """Positions the device's slots may be ahead of the host's view: the k steps of the
@@ -1151,7 +1178,8 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
         chunk_steps: int = 16, mesh: Mesh | None = None, forced_lengths=None,
         prefill_prompts: int = PREFILL_PROMPTS, version: int = 0, weights=None,
         paged: bool = False, page_size: int = 16, num_pages: int = 0,
-        attention: str = "auto", overlap_host_check: bool = False):
+        attention: str = "auto", overlap_host_check: bool = False,
+        on_weight_swap: str = "recompute"):
   """Decodes G completions of each prompt with S refilled slots (the host loop).
 
   Args:
@@ -1188,6 +1216,8 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
     overlap_host_check: the contiguous cache's host loop pipelined (``_HostLoop``): each
       chunk dispatched before the host reads the one before; the same tokens, a freed slot
       refilled a chunk later. Ignored with ``paged``.
+    on_weight_swap: 'recompute' (a swap re-prefills the decoding slots with the new
+      parameters) or 'keep_kv' (their caches are kept; ``_HostLoop.maybe_swap_weights``).
 
   Returns:
     (tokens [N·G, M] int32, logprobs [N·G, M] float32, full_logprobs [N·G, M] float32,
@@ -1197,7 +1227,8 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
   Raises:
     ValueError: a prompt row without real tokens; ``forced_lengths`` without ``eos_ids``;
       paged with page_size < 1, num_pages < 0 or too small for one request at full
-      length, or an ``attention`` choice not in ``paged.CHOICES``.
+      length, an ``attention`` choice not in ``paged.CHOICES``, or ``on_weight_swap`` not
+      in ``ON_WEIGHT_SWAP``.
   """
   cfg = nnx.merge(graphdef, params).cfg
   c = _Call.make(cfg, prompt_tokens, prompt_mask, key, max_new_tokens=max_new_tokens,
@@ -1205,7 +1236,8 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
                  top_p=top_p, group_size=group_size, slots=slots, chunk_steps=chunk_steps,
                  mesh=mesh, forced_lengths=forced_lengths, prefill_prompts=prefill_prompts,
                  paged=paged, page_size=page_size, num_pages=num_pages, attention=attention,
-                 graphdef=graphdef, pipelined=overlap_host_check)
+                 graphdef=graphdef, pipelined=overlap_host_check,
+                 on_weight_swap=on_weight_swap)
   loop = _HostLoop.start(c, params, version)
   while loop.pending():
     # 1. the next requests into the free slots, one bounded prefill at a time (pages permitting)

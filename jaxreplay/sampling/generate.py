@@ -100,7 +100,8 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
              rules: Sequence[tuple[str, P]] = PARAM_RULES, group_size: int = 1, slots: int = 0,
              chunk_steps: int = 16, forced_lengths=None, return_stats: bool = False,
              version: int = 0, weights=None, paged: bool = False, page_size: int = 16,
-             num_pages: int = 0, attention: str = "auto", overlap_host_check: bool = False):
+             num_pages: int = 0, attention: str = "auto", overlap_host_check: bool = False,
+             on_weight_swap: str = "recompute"):
   """Samples G completions for each prompt of a batch with the decode engine.
 
   Each prompt is prefilled once and its KV cache shared by its G samples; ``slots`` rows
@@ -134,8 +135,8 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
     version: policy version of ``params``. weights: optional in-flight weight source
       (``engine.run``): ``() -> (params, version) | None`` before every decode chunk.
     paged, page_size, num_pages, attention: the paged KV cache (``engine.run``; the
-      ``sampler`` options of the same names). overlap_host_check: ``engine.run``'s, the
-      ``sampler`` option.
+      ``sampler`` options of the same names). overlap_host_check, on_weight_swap:
+      ``engine.run``'s, the ``sampler`` options.
 
   Returns:
     ``Generation`` with [N·G, M] arrays (see its docstring and the module docstring for
@@ -145,7 +146,7 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
   Raises:
     ValueError: negative temperature, M < 1, invalid top_k/top_p, G < 1, negative
       slots, chunk_steps < 1, a prompt row without real tokens, or (paged) a bad
-      page_size, num_pages or attention (``engine.run``).
+      page_size, num_pages or attention, an unknown on_weight_swap (``engine.run``).
   """
   if temperature < 0:
     raise ValueError(f"sampler.temperature={temperature} must be >= 0")
@@ -169,7 +170,7 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
       chunk_steps=int(chunk_steps), mesh=mesh, forced_lengths=forced_lengths,
       version=int(version), weights=weights, paged=bool(paged), page_size=int(page_size),
       num_pages=int(num_pages), attention=str(attention),
-      overlap_host_check=bool(overlap_host_check))
+      overlap_host_check=bool(overlap_host_check), on_weight_swap=str(on_weight_swap))
   tokens, mask, length, truncated = postprocess_stops(tokens, eos_ids, pad_id)
   gen = Generation(tokens=tokens, logprobs=jnp.where(mask, logprobs, 0.0), mask=mask,
                    truncated=truncated, length=length,

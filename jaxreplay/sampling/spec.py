@@ -40,6 +40,12 @@ class SamplingSpec(Spec):
       chunk_steps), and the attention width covers the chunk in flight. The tokens are the
       same either way; which is faster depends on the host's round trip against a chunk's
       decode time (docs/performance.md).
+    on_weight_swap: what an in-flight weight update does to the decoding slots:
+      'recompute' re-prefills their tokens so far with the new parameters (each token then
+      comes from one policy version), 'keep_kv' keeps their keys and values, as PipelineRL
+      does (no re-prefill; the tokens after the swap come from the new parameters over the
+      old cache, and each records the log-prob it was drawn with and the version of the
+      parameters that computed its logits).
   """
 
   SECTION: ClassVar[str] = "sampler"
@@ -55,6 +61,7 @@ class SamplingSpec(Spec):
   num_pages: int = field(0, ge=0, allowed="(0 = every slot at full length)")
   attention: str = field("auto", choices=("auto", "xla", "pallas"))
   overlap_host_check: bool = field(False)
+  on_weight_swap: str = field("recompute", choices=("recompute", "keep_kv"))
 
   def with_overrides(self, temperature: float | None = None,
                      top_p: float | None = None) -> SamplingSpec:

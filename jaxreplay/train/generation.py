@@ -223,7 +223,8 @@ def generate_rollouts(src: RolloutSource, params, position: int, key, version: i
                  pad_id=io.pad_id, mesh=mesh, group_size=g, slots=samp.slots,
                  chunk_steps=samp.chunk_steps, version=version, weights=weights,
                  paged=samp.paged, page_size=samp.page_size, num_pages=samp.num_pages,
-                 attention=samp.attention, overlap_host_check=samp.overlap_host_check)
+                 attention=samp.attention, overlap_host_check=samp.overlap_host_check,
+                 on_weight_swap=samp.on_weight_swap)
   # Rollout rows: prompt r // G's tokens beside completion r (the engine's request order).
   toks, mask = np.repeat(prompt_toks, g, 0), np.repeat(prompt_mask, g, 0)
   # Every process reads the whole generation (gathered across processes), so each decodes,
