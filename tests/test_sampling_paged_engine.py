@@ -178,7 +178,8 @@ def test_keep_kv_swap_records_the_version_of_each_tokens_logits(policy, prompts,
 
 
 def test_unknown_on_weight_swap_names_the_field(policy, prompts):
-  with pytest.raises(ValueError, match="sampler.on_weight_swap='keep'; valid: 'recompute', 'keep_kv'"):
+  with pytest.raises(ValueError,
+                     match="sampler.on_weight_swap='keep'; valid: 'recompute', 'keep_kv'"):
     run(policy, prompts, 1.0, on_weight_swap="keep")
 
 

@@ -905,9 +905,10 @@ class _HostLoop:
   or not, its length, its prompt's length, its request), the page pool (paged), the policy
   and its version, and the next request to admit.
 
-  Pipelined (``overlap_host_check``, the contiguous cache): the host's view of the slots is one chunk behind the
-  device. A chunk is dispatched before the host reads the one before it (whose copy to the
-  host started when it was dispatched), so the device never waits for the host's check:
+  Pipelined (``overlap_host_check``, the contiguous cache): the host's view of the slots is
+  one chunk behind the device. A chunk is dispatched before the host reads the one before
+  it (whose copy to the host started at its dispatch), so the device never waits for the
+  host's check:
   the next requests go into the slots the chunk before freed, and the attention width
   covers the k steps the chunk in flight may add. Slots filled since the chunk being read
   was dispatched keep their new host view (``fresh``). The paged cache reads each chunk
