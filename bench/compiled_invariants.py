@@ -33,8 +33,9 @@ bfloat16 as float32) and prints, as its last line::
   thread of an actor–learner split made onto a learner device, in a short run
   (``generator_placement``: configs/small.py shrunk to a 1-layer d = 32 decoder, W = 4
   generator and T = 4 learner devices, 3 learner steps) read from JAX's transfer guard log
-  (``jaxreplay.parallel.transfers``). Each is an eager op that ran on a learner device.
-  Goal 0. ``--no-generator`` skips it (``na``).
+  (``jaxreplay.parallel.transfers``; JAX logs each distinct shape, dtype and destination
+  once per process, so these are distinct transfers). Each is an eager op that ran on a
+  learner device. Goal 0. ``--no-generator`` skips it (``na``).
 
 * ``publish_extra_gb``: a publish's extra memory on a learner device of the actor–learner
   preset (``--publish-config``, default configs/qwen2_5_7b_h200x8_split.py: W/T = 6/2, all

@@ -11,15 +11,22 @@ import numpy as np
 from jaxreplay.parallel import transfers
 
 
+def ones(*shape):
+  """float32 ones of a shape no other test transfers: JAX logs a transfer of a given shape,
+  dtype and destination once per process (``parallel.transfers``), and test files share
+  worker processes."""
+  return np.ones(shape, np.float32)
+
+
 def test_implicit_transfers_are_counted_by_device_and_thread():
   last = jax.devices()[-1]
   with transfers.implicit_transfers() as seen:
-    jax.device_put(np.ones(3), last)  # explicit: not counted
-    jnp.asarray(np.ones(4))  # implicit, onto the default device
+    jax.device_put(ones(3, 1, 4, 1, 5), last)  # explicit: not counted
+    jnp.asarray(ones(4, 1, 4, 1, 5))  # implicit, onto the default device
     with jax.default_device(last):
-      jnp.asarray(np.ones(5))
-      jnp.asarray(np.ones(6))
-    other = threading.Thread(target=lambda: jnp.asarray(np.ones(7)))  # another thread
+      jnp.asarray(ones(5, 1, 4, 1, 5))
+      jnp.asarray(ones(6, 1, 4, 1, 5))
+    other = threading.Thread(target=lambda: jnp.asarray(ones(7, 1, 4, 1, 5)))  # another thread
     other.start()
     other.join()
   first = jax.devices()[0].id

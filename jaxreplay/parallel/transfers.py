@@ -8,6 +8,13 @@ thread's default device). ``implicit_transfers`` counts, per destination device,
 implicit transfers a block of code makes, read from JAX's transfer guard log
 (``jax.transfer_guard_host_to_device('log')``, thread-local): explicit ``jax.device_put``
 calls are not logged, and neither are other threads' transfers.
+
+What it counts is each *distinct* transfer: JAX logs a transfer once per process for each
+(shape, dtype, destination); a repeat — in this block or anywhere earlier in the process,
+another thread's included — is not logged again (measured on jax 0.10.2: the same
+``jnp.asarray`` four times logs once, while the 'disallow' guard raises all four times). So
+a count of 0 onto a device means no transfer there that the process had not already made
+before; an audit is sharpest in a fresh process.
 """
 
 from __future__ import annotations
