@@ -33,9 +33,9 @@ bfloat16 as float32) and prints, as its last line::
   thread of an actor–learner split made onto a learner device, in a short run
   (``generator_placement``: configs/small.py shrunk to a 1-layer d = 32 decoder, W = 4
   generator and T = 4 learner devices, 3 learner steps) read from JAX's transfer guard log
-  (``jaxreplay.parallel.transfers``; JAX logs each distinct shape, dtype and destination
-  once per process, so these are distinct transfers). Each is an eager op that ran on a
-  learner device. Goal 0. ``--no-generator`` skips it (``na``).
+  (``jaxreplay.parallel.transfers``). Each is an eager op that ran on a learner device.
+  JAX writes a destination only for the process's first transfer of each shape, dtype and
+  destination; the repeats, logged bare, are printed beside it. Goal 0. ``--no-generator`` skips it (``na``).
 
 * ``publish_extra_gb``: a publish's extra memory on a learner device of the actor–learner
   preset (``--publish-config``, default configs/qwen2_5_7b_h200x8_split.py: W/T = 6/2, all
@@ -291,7 +291,7 @@ def decode_collectives(config_path: str, slots: int = 66) -> tuple[int, int, int
   return per_step + full.n_layers * per_layer, per_step, per_layer, full.n_layers
 
 
-def generator_placement(workdir: str, steps: int = 3) -> tuple[int, int, int]:
+def generator_placement(workdir: str, steps: int = 3) -> tuple[int, int, int, int]:
   """A short actor–learner run with the generator thread's transfers audited.
 
   Args:
@@ -300,7 +300,8 @@ def generator_placement(workdir: str, steps: int = 3) -> tuple[int, int, int]:
 
   Returns:
     (implicit transfers onto a learner device, onto the generator devices as one device,
-     all implicit transfers) of the generator thread over the whole run.
+     all implicit transfers, repeats logged without a destination) of the generator thread
+     over the whole run (``parallel.transfers``).
 
   Raises:
     RuntimeError: the generator thread never ran.
@@ -342,7 +343,7 @@ def generator_placement(workdir: str, steps: int = 3) -> tuple[int, int, int]:
     raise RuntimeError("the split run started no generator thread")
   seen, gen_ids = audits[0]
   learner_ids = {d.id for d in jax.devices()} - gen_ids
-  return seen.onto(learner_ids), seen.onto(gen_ids), seen.total
+  return seen.onto(learner_ids), seen.onto(gen_ids), seen.total, seen.repeated
 
 
 def format_line(values: dict) -> str:
@@ -423,10 +424,11 @@ def main(argv=None) -> int:
     import tempfile
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-      on_learner, on_gen, total = generator_placement(tmp)
+      on_learner, on_gen, total, repeated = generator_placement(tmp)
     print(f"generator thread (split W/T = 4/4, tiny decoder, {time.time() - t0:.0f} s): "
           f"{total} implicit host-to-device transfers, {on_gen} onto a generator device "
-          f"alone, {on_learner} onto a learner device")
+          f"alone, {on_learner} onto a learner device, {repeated} repeats logged without "
+          f"a destination")
     values["generator_ops_on_learner_devices"] = on_learner
   print(format_line(values))
   return 0

@@ -1,6 +1,6 @@
 """``parallel.transfers.implicit_transfers``: the placement audit counts a thread's implicit
 host-to-device transfers by destination device, not its explicit ``device_put`` calls nor
-another thread's transfers."""
+another thread's transfers, and counts the repeats JAX logs without a destination."""
 
 import threading
 
@@ -44,6 +44,18 @@ def test_parse_reads_the_guard_lines_and_ignores_the_rest():
       "some other warning id=3\n"
       "W1205 guard_lib.cc:125] host-to-device transfer: aval=ShapedArray(float32[4]), "
       "dst_sharding=NamedSharding(mesh=Mesh('d': 2, axis_types=(Auto,)), spec=P('d',), "
-      "memory_kind=device)\n")
-  assert dict(seen.single) == {5: 1} and seen.sharded == 1 and seen.total == 2
+      "memory_kind=device)\n"
+      "W1205 guard_lib.cc:125] host-to-device transfer: \n")
+  assert dict(seen.single) == {5: 1} and seen.sharded == 1 and seen.repeated == 1
+  assert seen.total == 3
   assert seen.onto([5, 6]) == 1 and seen.onto([3]) == 0
+
+
+def test_a_repeated_transfer_is_counted_without_its_destination():
+  """JAX writes a transfer's destination only the first time the process makes it; the
+  repeats are counted in ``repeated``."""
+  with transfers.implicit_transfers() as seen:
+    for _ in range(3):
+      jnp.asarray(ones(2, 7, 1, 8, 2))
+  assert dict(seen.single) == {jax.devices()[0].id: 1} and seen.repeated == 2
+  assert seen.total == 3

@@ -9,12 +9,12 @@ implicit transfers a block of code makes, read from JAX's transfer guard log
 (``jax.transfer_guard_host_to_device('log')``, thread-local): explicit ``jax.device_put``
 calls are not logged, and neither are other threads' transfers.
 
-What it counts is each *distinct* transfer: JAX logs a transfer once per process for each
-(shape, dtype, destination); a repeat — in this block or anywhere earlier in the process,
-another thread's included — is not logged again (measured on jax 0.10.2: the same
-``jnp.asarray`` four times logs once, while the 'disallow' guard raises all four times). So
-a count of 0 onto a device means no transfer there that the process had not already made
-before; an audit is sharpest in a fresh process.
+JAX logs every implicit transfer, but writes its shape and destination only the first time
+the process makes a transfer of that shape, dtype and destination (any thread's); a repeat
+is logged bare (measured on jax 0.10.2: the same ``jnp.asarray`` four times gives one full
+line and three bare ones). Repeats are counted in ``Transfers.repeated``, their destination
+unknown: a count of 0 onto a device is exact only with ``repeated`` 0, and otherwise says
+that no transfer went there that the process had not made before.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import tempfile
 import jax
 
 _LINE = re.compile(r"host-to-device transfer: .*?dst_sharding=(\w+)\((.*)\)")
+_BARE = re.compile(r"host-to-device transfer:[ \t]*$", re.M)
 _DEVICE_ID = re.compile(r"\bid=(\d+)")
 
 
@@ -40,16 +41,19 @@ class Transfers:
       ``SingleDeviceSharding``: the default device, or a committed input's device).
     sharded: int, transfers onto a multi-device sharding (a jitted function's
       ``in_shardings``; the log names its mesh's shape, not its devices).
+    repeated: int, transfers logged without shape or destination (a repeat of one the
+      process made before; module docstring).
   """
 
   def __init__(self):
     self.single: collections.Counter = collections.Counter()
     self.sharded = 0
+    self.repeated = 0
 
   @property
   def total(self) -> int:
     """Every implicit transfer the block made."""
-    return sum(self.single.values()) + self.sharded
+    return sum(self.single.values()) + self.sharded + self.repeated
 
   def onto(self, device_ids) -> int:
     """Transfers onto one of ``device_ids`` (ints) as a single device."""
@@ -64,6 +68,7 @@ class Transfers:
           self.single[int(i)] += 1
       else:
         self.sharded += 1
+    self.repeated += len(_BARE.findall(text))
 
 
 @contextlib.contextmanager
