@@ -511,8 +511,9 @@ def _merge_replicas(tokens: np.ndarray, logprobs: np.ndarray, full: np.ndarray,
     donate_argnames=("state",))
 def _decode_chunk(graphdef, params, state: SlotState, key, forced, version, page_indices=None,
                   *, width, steps, temperature, top_k, top_p, eos_ids, mesh, impl="xla"):
-  """Up to ``steps`` decode steps of every slot at attention width ``width``; ``version``
-  (int32 scalar) is recorded as the policy version of every token sampled. A paged state
+  """Up to ``steps`` decode steps of every slot at attention width ``width`` with ``params``
+  of policy version ``version`` (int32 scalar): each token records its slot's
+  ``logits_version``, which each step then sets to ``version``. A paged state
   decodes over its pool with ``page_indices`` [S, W] int32 (``width`` unused) and attention
   ``impl``. A state with D > 1 output buffers (``engine_replicas``) decodes as D engines,
   one per device, each over its own slots and its local copy of ``params``, each stopping
@@ -1203,8 +1204,9 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
     version: int, the policy version of ``params`` (recorded per token).
     weights: optional ``() -> (params, version) | None``, asked before every decode chunk:
       a pair with another version is swapped in (an in-flight weight update, PipelineRL
-      style): the decoding slots are re-prefilled with it (``_refresh``) and the tokens
-      sampled from then on record its version. With several processes it must return the
+      style; ``on_weight_swap`` says whether the decoding slots are re-prefilled with it),
+      and each token records the version of the parameters whose logits it was drawn from
+      (``SlotState.logits_version``). With several processes it must return the
       same answer on every process (``actor_learner`` agrees on it over the mesh); it
       may raise to abandon the call.
     paged: keep the KV cache in a page pool (module docstring: shared prompt pages, pages
@@ -1215,8 +1217,9 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
       length). attention: 'auto' | 'xla' | 'pallas', the paged decode attention
       (``paged.resolve_impl`` on ``jax.default_backend()``).
     overlap_host_check: the contiguous cache's host loop pipelined (``_HostLoop``): each
-      chunk dispatched before the host reads the one before; the same tokens, a freed slot
-      refilled a chunk later. Ignored with ``paged``.
+      chunk dispatched before the host reads the one before; a freed slot is refilled a
+      chunk later (the same tokens unless ``weights`` swaps mid-call: the swap then lands
+      at other steps). Ignored with ``paged``.
     on_weight_swap: 'recompute' (a swap re-prefills the decoding slots with the new
       parameters) or 'keep_kv' (their caches are kept; ``_HostLoop.maybe_swap_weights``).
 

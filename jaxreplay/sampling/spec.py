@@ -37,9 +37,12 @@ class SamplingSpec(Spec):
     overlap_host_check: dispatch each decode chunk before the host reads the one before it
       (contiguous cache): the device never waits for the host's refill check, but a freed
       slot is refilled one chunk later (it idles up to 2 × chunk_steps steps instead of
-      chunk_steps), and the attention width covers the chunk in flight. The tokens are the
-      same either way; which is faster depends on the host's round trip against a chunk's
-      decode time (docs/performance.md).
+      chunk_steps), and the attention width covers the chunk in flight. Without an
+      in-flight weight swap the tokens are the same either way (a swap lands at other steps
+      of the requests); which is faster depends on the host's round trip against a chunk's
+      decode time (docs/performance.md). In the actor–learner split with several
+      processes, the weight source's agreement before every chunk reads a small program
+      back from the generator mesh, which waits for the chunk in flight: no overlap there.
     on_weight_swap: what an in-flight weight update does to the decoding slots:
       'recompute' re-prefills their tokens so far with the new parameters (each token then
       comes from one policy version), 'keep_kv' keeps their keys and values, as PipelineRL

@@ -8,8 +8,9 @@ steps, *during* generation (App. 8.2: one rollout can mix two weight versions). 
 * the **generator** thread owns the generator mesh (``parallel.submesh``): it decodes with
   its own inference copy of the weights and, between decode chunks, swaps in the newest
   published copy (an in-flight update, as PipelineRL): the decoding slots are re-prefilled
-  with it and each token records the version that sampled it, so the importance ratio
-  stays per token and a rollout's ``policy_version`` is its oldest version;
+  with it (or keep their caches, ``sampler.on_weight_swap='keep_kv'``) and each token
+  records the version that sampled it, so the importance ratio stays per token and a
+  rollout's ``policy_version`` is its oldest version;
 * the **learner** (the caller's thread) owns the learner mesh: it inserts finished rounds
   into the buffer, draws and trains as the rate limiter allows, and every
   ``train.weight_sync_every`` steps reshards its parameters onto the generator mesh
