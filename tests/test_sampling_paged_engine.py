@@ -177,6 +177,21 @@ def test_keep_kv_swap_records_the_version_of_each_tokens_logits(policy, prompts,
     assert (np.diff(np.where(written, versions, 1), axis=1) >= 0).all()
 
 
+def test_keep_kv_swap_samples_from_the_new_parameters(policy, prompts):
+  """``keep_kv`` with other parameters: every token recorded as version 0 is the run
+  without a swap's (same keys, parameters and cache up to it), and the tokens recorded as
+  version 1 come from the new parameters (they differ from that run's)."""
+  _, new = nnx.split(Transformer(CFG, nnx.Rngs(1)), nnx.Param)
+  plain = run(policy, prompts, 1.0)
+  keep = run(policy, prompts, 1.0, weights=swap_after(2, new, 1), on_weight_swap="keep_kv")
+  before = np.arange(M)[None, :] < np.minimum(keep[3], plain[3])[:, None]
+  old = before & (keep[4] == 0)
+  np.testing.assert_array_equal(keep[0][old], plain[0][old])
+  np.testing.assert_array_equal(keep[1][old], plain[1][old])
+  newer = before & (keep[4] == 1)
+  assert newer.any() and (keep[0][newer] != plain[0][newer]).any()
+
+
 def test_unknown_on_weight_swap_names_the_field(policy, prompts):
   with pytest.raises(ValueError,
                      match="sampler.on_weight_swap='keep'; valid: 'recompute', 'keep_kv'"):
