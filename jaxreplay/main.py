@@ -178,6 +178,8 @@ def _parse_flags(argv):
     named = [a.split("=")[0][2:] for a in argv[1:] if a.startswith("--config.")
              and a.split("=")[0].rsplit(".", 1)[-1] in msg]
     where = f"{named[0]}: " if named else ""
+    if "Non-boolean argument" in msg:
+      msg += "; valid: true, false (or 1, 0)"
     raise SystemExit(f"jaxreplay: bad command line: {where}{msg}") from None
   if len(rest) > 1:  # e.g. a config path given without --config: never run the default
     raise SystemExit(f"jaxreplay: unexpected argument(s) {' '.join(rest[1:])!r}; pass the "

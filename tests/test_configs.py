@@ -80,6 +80,8 @@ def test_bad_values_name_the_field(field, value, match):
     (["configs/small.py"], "unexpected argument.*configs/small.py.*--config PATH"),
     (["--config", "configs/nope.py"], "cannot load --config.*No such file"),
     (["--config", "configs/small.py", "--config.train.stpes=3"], "bad command line.*steps"),
+    (["--config", "configs/small.py", "--config.sampler.overlap_host_check=maybe"],
+     "overlap_host_check.*'maybe'.*valid: true, false"),
 ])
 def test_command_line_errors_are_one_line(args, match):
   """A mistyped command line exits with one line (no traceback) before anything runs."""
