@@ -246,15 +246,20 @@ def test_map_is_spliced_into_the_page_and_kept_by_the_single_regime_report(tmp_p
   assert md.read_text() == text and text.count(regime_map.MAP_END) == 1
   assert text.count("\nregimes=") == 1
   # the single-regime report rewrites the page and keeps the map and the study line
-  single = {"seeds": [0, 1, 2], "base_config": "configs/default.py",
-            "configurations": [dict(name="a_onpolicy", family="on"),
-                               dict(name="a_fixed", family="fifo")],
-            "report": {"reference": "a_onpolicy", "results_md": str(md)}}
-  report.write_report(single, str(tmp_path), "cmd2")
+  report.write_report(_single_regime("a", md), str(tmp_path), "cmd2")
   new = md.read_text()
   assert "OLD-FIGURES" not in new and "Regenerate: `cmd2`" in new
   assert regime_map.map_block(new) == regime_map.map_block(text)
   assert new.rstrip().splitlines()[-1] == last
+
+
+def _single_regime(prefix: str, md) -> dict:
+  """A single-regime sweep (``PREFIX_onpolicy`` against ``PREFIX_fixed``, 3 seeds) whose
+  report rewrites the page ``md``."""
+  return {"seeds": [0, 1, 2], "base_config": "configs/default.py",
+          "configurations": [dict(name=f"{prefix}_onpolicy", family="on"),
+                             dict(name=f"{prefix}_fixed", family="fifo")],
+          "report": {"reference": f"{prefix}_onpolicy", "results_md": str(md)}}
 
 
 def test_a_configuration_without_regime_or_role_is_named(tmp_path):
@@ -351,11 +356,7 @@ def test_a_paired_sweep_is_a_section_spliced_into_the_page_and_kept(tmp_path):
   assert "| `a_onpolicy` | 0.300 @ 0k · 0.360 @ 0k" in text  # seeds' mean curve
   report.write_report(pair, str(tmp_path), "cmd-pair")
   assert md.read_text() == text and text.count("<!-- pair-a:end -->") == 1
-  single = {"seeds": [0, 1, 2], "base_config": "configs/default.py",
-            "configurations": [dict(name="b_onpolicy", family="on"),
-                               dict(name="b_fixed", family="fifo")],
-            "report": {"reference": "b_onpolicy", "results_md": str(md)}}
-  report.write_report(single, str(tmp_path), "cmd2")
+  report.write_report(_single_regime("b", md), str(tmp_path), "cmd2")
   new = md.read_text()
   assert "OLD-FIGURES" not in new and "Regenerate: `cmd2`" in new
   assert paired.blocks(new)["pair-a"] == paired.blocks(text)["pair-a"]
