@@ -16,8 +16,12 @@ The plan is computed on the host (numpy): R is a static shape, rounded up to a b
 The learner's batch is planned whole (``plan_batch``): each minibatch's sequences are
 packed together, first-fit-decreasing, and the packed rows are split into S accumulation
 steps of R rows each, with R at most the rows a micro-batch holds unpacked. A step holds
-whole sequences, so its padding is the one-micro-batch plan's up to the rounding of R;
-the gradient-free scoring passes, which take fixed rows at a time, pack each pass's rows
+whole sequences, so its padding is the one-micro-batch plan's up to the rounding of R.
+Its rows may be narrower than T (``pack_width``): when R must be a multiple of the batch
+devices, a few sequences more than fill whole rows would add a device's worth of empty
+rows, and rows of width W < T (a multiple of ``WIDTH_QUANTUM``, at least the longest
+sequence) that hold them in fewer slots are taken instead. The gradient-free scoring
+passes, which take fixed rows at a time, pack each pass's rows at width T
 (``plan_groups``).
 """
 
@@ -28,10 +32,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+WIDTH_QUANTUM = 64
+"""Packed learner rows are T wide or a multiple of this many tokens (``pack_width``): a
+block of GPU flash attention and half a TPU lane tile, and few enough widths that a run
+compiles a handful of shapes (four over 20 lognormal batches of bench/compiled_invariants.py
+at T = 1,408)."""
+
 
 @flax.struct.dataclass
 class PackPlan:
-  """Where each real token of a [Bg, T] group goes in its packed [R, W] rows.
+  """Where each real token of a [Bg, T] group goes in its packed [R, W] rows (W ≤ T).
 
   A plan may pack only some of the group's sequences (one accumulation step of
   ``plan_batch``): ``dst`` and ``keep`` then cover those alone. Leaves may carry leading
@@ -116,7 +126,8 @@ def first_fit_decreasing(lengths: np.ndarray, width: int) -> np.ndarray:
   return out
 
 
-def place_bins(mask_bt: np.ndarray, bins: np.ndarray, steps: int, rows: int) -> PackPlan:
+def place_bins(mask_bt: np.ndarray, bins: np.ndarray, steps: int, rows: int,
+               width: int | None = None) -> PackPlan:
   """The plans of ``steps`` packing steps of ``rows`` rows: bin j is row j mod R of step j // R.
 
   Each sequence's real tokens are placed, in order, into its bin; a bin's sequences follow
@@ -125,23 +136,29 @@ def place_bins(mask_bt: np.ndarray, bins: np.ndarray, steps: int, rows: int) -> 
   Args:
     mask_bt: [Bg, T] bool, True on real tokens. bins: [Bg] int, each row's bin
       (``first_fit_decreasing`` of its length; -1 for a row without real tokens), every
-      bin's lengths summing to at most T. steps: S ≥ 1. rows: R ≥ 1.
+      bin's lengths summing to at most W. steps: S ≥ 1. rows: R ≥ 1. width: W, the packed
+      row width (None: T).
 
   Returns:
     PackPlan of numpy arrays with a leading [S] axis: src, segment_ids, positions
-    [S, R, T]; dst, keep [S, Bg, T], ``keep`` True only on the tokens of that step's rows.
+    [S, R, W]; dst, keep [S, Bg, T], ``keep`` True only on the tokens of that step's rows.
 
   Raises:
-    ValueError: a bin ≥ S · R.
+    ValueError: a bin ≥ S · R; a bin's sequences longer than W.
   """
   b, t = mask_bt.shape
+  w = t if width is None else int(width)
   bins = np.asarray(bins, np.int64)
   if b and bins.max() >= steps * rows:
     raise ValueError(f"bin {bins.max()} does not fit {steps} steps of {rows} rows")
   lengths = mask_bt.sum(1)
-  src = np.zeros((steps, rows, t), np.int32)
-  seg = np.zeros((steps, rows, t), np.int32)
-  pos = np.zeros((steps, rows, t), np.int32)
+  load = np.bincount(bins[bins >= 0], lengths[bins >= 0], minlength=1)
+  if load.max() > w:
+    raise ValueError(f"bin {int(load.argmax())} holds {int(load.max())} tokens, more than "
+                     f"the row width {w}")
+  src = np.zeros((steps, rows, w), np.int32)
+  seg = np.zeros((steps, rows, w), np.int32)
+  pos = np.zeros((steps, rows, w), np.int32)
   dst = np.zeros((steps, b, t), np.int32)
   keep = np.zeros((steps, b, t), bool)
   predicted = mask_bt & (np.cumsum(mask_bt, 1) > 1)
@@ -157,38 +174,42 @@ def place_bins(mask_bt: np.ndarray, bins: np.ndarray, steps: int, rows: int) -> 
     src[s, r, o:o + n] = i * t + cols
     seg[s, r, o:o + n] = count[s, r]
     pos[s, r, o:o + n] = np.arange(n)
-    dst[s, i, cols] = r * t + o + np.arange(n)
+    dst[s, i, cols] = r * w + o + np.arange(n)
     keep[s, i] = predicted[i]
     fill[s, r] += n
   return PackPlan(src=src, segment_ids=seg, positions=pos, dst=dst, keep=keep)
 
 
-def plan_packing(mask_bt: np.ndarray, rows: int | None = None) -> PackPlan:
-  """The packing plan of one group (host numpy): its real tokens in ``rows`` rows of width T.
+def plan_packing(mask_bt: np.ndarray, rows: int | None = None,
+                 width: int | None = None) -> PackPlan:
+  """The packing plan of one group (host numpy): its real tokens in ``rows`` rows of width W.
 
   Args:
     mask_bt: [Bg, T] bool, True on real tokens (any pattern: a row's real tokens are
       packed in order, so positions equal ``positions_from_mask``).
     rows: R, the packed rows (static shape); None: ``bucket_rows`` of the bins
       first-fit-decreasing needs, capped at Bg.
+    width: W, at least the longest sequence (None: T).
 
   Returns:
-    PackPlan of numpy arrays (src, segment_ids, positions [R, T]; dst, keep [Bg, T]).
+    PackPlan of numpy arrays (src, segment_ids, positions [R, W]; dst, keep [Bg, T]).
 
   Raises:
-    ValueError: ``mask_bt`` not 2-D; ``rows`` fewer than the bins needed.
+    ValueError: ``mask_bt`` not 2-D; ``rows`` fewer than the bins needed; a sequence
+      longer than ``width``.
   """
   mask_bt = np.asarray(mask_bt, bool)
   if mask_bt.ndim != 2:
     raise ValueError(f"mask must be [B, T]; got shape {mask_bt.shape}")
   b, t = mask_bt.shape
-  bins = first_fit_decreasing(mask_bt.sum(1), t)
+  width = t if width is None else int(width)
+  bins = first_fit_decreasing(mask_bt.sum(1), width)
   needed = int(bins.max()) + 1 if b else 0
   if rows is None:
     rows = bucket_rows(needed, max(b, 1))
   if rows < needed:
     raise ValueError(f"rows={rows} is fewer than the {needed} packed rows the batch needs")
-  return jax.tree.map(lambda x: x[0], place_bins(mask_bt, bins, 1, rows))
+  return jax.tree.map(lambda x: x[0], place_bins(mask_bt, bins, 1, rows, width))
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -223,16 +244,59 @@ def step_shape(needed: int, budget: int, multiple: int = 1) -> tuple[int, int]:
   return steps, round_up(bucket_rows(-(-needed // steps), budget), multiple)
 
 
+def pack_width(lengths: np.ndarray, width: int, budget: int, multiple: int = 1,
+               quantum: int = WIDTH_QUANTUM) -> tuple[int, list[np.ndarray], int, int]:
+  """The packed row width W, bins and step shape that hold the minibatches in fewest slots.
+
+  W is T or a multiple of ``quantum`` below it, at least the longest sequence. For each
+  such W the minibatches are packed first-fit-decreasing into bins of width W and
+  ``step_shape`` gives (S, R) for the most bins any minibatch needs; the W with the fewest
+  slots S · R · W wins, ties going to the wider (T first). A narrower row only wins where
+  its extra rows are cheaper than the empty rows rounding to ``multiple`` adds at width T,
+  so the padding is at most the width-T plan's. Widths that cannot beat the best so far
+  (⌈tokens / W⌉ rows rounded up to ``multiple``) are not packed.
+
+  Args:
+    lengths: [n_mb, Bm] int, each sequence's real tokens, in [0, width]. width: T > 0.
+    budget, multiple: as ``step_shape``. quantum: > 0 tokens.
+
+  Returns:
+    (W, bins, S, R): ints and the [Bm] int64 bins (``first_fit_decreasing``) of each
+    minibatch at width W.
+
+  Raises:
+    ValueError: ``quantum`` ≤ 0; as ``step_shape`` and ``first_fit_decreasing``.
+  """
+  if quantum <= 0:
+    raise ValueError(f"quantum={quantum} must be > 0")
+  lengths = np.asarray(lengths, np.int64).reshape(-1, np.shape(lengths)[-1])
+  longest = int(lengths.max()) if lengths.size else 0
+  most_tokens = int(lengths.sum(1).max()) if lengths.size else 0
+  best = None
+  for w in [width] + list(range(round_up(max(longest, 1), quantum), width, quantum))[::-1]:
+    if best is not None:
+      floor = round_up(-(-most_tokens // w), multiple) * w
+      if floor >= best[0]:
+        continue
+    bins = [first_fit_decreasing(m, w) for m in lengths]
+    needed = max(int(x.max()) + 1 if x.size else 0 for x in bins)
+    steps, rows = step_shape(needed, budget, multiple)
+    if best is None or steps * rows * w < best[0]:
+      best = (steps * rows * w, w, bins, steps, rows)
+  return best[1:]
+
+
 def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: int = 1,
-               multiple: int = 1) -> PackPlan:
+               multiple: int = 1, quantum: int = WIDTH_QUANTUM) -> PackPlan:
   """The learner batch's packing plan: each minibatch packed whole, split into S steps.
 
   Minibatch m is rows [m·B/n_mb, (m+1)·B/n_mb), as the train step takes them. Its
-  sequences are packed first-fit-decreasing into bins of width T, and the bins split into
-  S accumulation steps of R rows (``step_shape``; S and R common to the minibatches, from
-  the largest bin count): bin j is row j mod R of step j // R. A step's budget is the rows
-  a micro-batch holds unpacked, B / (n_mb · n_acc) rounded up to ``multiple``, so a step
-  never holds more tokens than an unpacked micro-batch, and S ≤ n_acc.
+  sequences are packed first-fit-decreasing into bins of width W and the bins split into
+  S accumulation steps of R rows (``pack_width``: W ≤ T, S and R common to the
+  minibatches, from the largest bin count): bin j is row j mod R of step j // R. A step's
+  budget is the rows a micro-batch holds unpacked, B / (n_mb · n_acc) rounded up to
+  ``multiple``, so a step never holds more tokens than an unpacked micro-batch, and
+  S ≤ n_acc.
 
   What the plan guarantees:
     * every real token of the batch is packed once, in exactly one step of its minibatch,
@@ -244,22 +308,26 @@ def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: 
       The normaliser stays a statistic of the whole minibatch (``losses.
       aggregate_normaliser``), passed to each step; the steps' losses then sum to the
       minibatch's in every aggregation mode.
-    * with n_acc = 1 (S = 1) the plan is the one-micro-batch plan (``plan_groups(mask,
-      n_mb, 1, multiple=multiple)``, the same bins, rows and slots); with n_acc > 1, S = 1
-      whenever the minibatch fits one step's budget, and its R is then at most that plan's.
-    * padding: S · R rows hold what the one-micro-batch plan's R₁ rows hold, with S · R <
-      needed + S · (⌈needed / S⌉ / 8 + multiple) and R₁ ≥ needed (``step_shape``).
-    * static shapes: S ≤ n_acc and R takes ``bucket_rows`` values, so a run compiles a
-      bounded number of (S, R) shapes; R is a multiple of ``multiple``, so every step's
-      rows split evenly over the batch devices (``sharding.place_rows``).
+    * with n_acc = 1 (S = 1) the plan is the one-micro-batch plan at its width
+      (``plan_groups(mask, n_mb, 1, multiple=multiple, width=W)``, the same bins, rows and
+      slots); with n_acc > 1, S = 1 whenever the minibatch fits one step's budget, and its
+      R is then at most that plan's.
+    * padding: S · R rows hold what the one-micro-batch plan's R₁ rows hold at width W,
+      with S · R < needed + S · (⌈needed / S⌉ / 8 + multiple) and R₁ ≥ needed
+      (``step_shape``); and S · R · W is at most the width-T plan's slots.
+    * static shapes: S ≤ n_acc, R takes ``bucket_rows`` values and W is T or a multiple of
+      ``quantum``, so a run compiles a bounded number of (S, R, W) shapes; R is a multiple
+      of ``multiple``, so every step's rows split evenly over the batch devices
+      (``sharding.place_rows``).
 
   Args:
     mask_bt: [B, T] bool attention mask of the whole batch. num_minibatches: n_mb ≥ 1.
-    grad_accum_steps: n_acc ≥ 1; n_mb · n_acc divides B. multiple: ≥ 1.
+    grad_accum_steps: n_acc ≥ 1; n_mb · n_acc divides B. multiple: ≥ 1. quantum: the
+      width step of ``pack_width`` (a quantum ≥ T keeps W = T).
 
   Returns:
     PackPlan of numpy arrays with leading axes [n_mb, S]: src, segment_ids, positions
-    [n_mb, S, R, T]; dst, keep [n_mb, S, B/n_mb, T] (a step's ``dst`` and ``keep`` cover
+    [n_mb, S, R, W]; dst, keep [n_mb, S, B/n_mb, T] (a step's ``dst`` and ``keep`` cover
     its own sequences; ``merge_steps`` joins the steps' outputs).
 
   Raises:
@@ -273,11 +341,9 @@ def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: 
     raise ValueError(f"batch of {b} rows does not split into {num_minibatches} "
                      f"minibatches of {grad_accum_steps} micro-batches")
   minibatches = mask_bt.reshape(num_minibatches, b // num_minibatches, t)
-  bins = [first_fit_decreasing(m.sum(1), t) for m in minibatches]
-  needed = max(int(x.max()) + 1 if x.size else 0 for x in bins)
   budget = round_up(max(b // (num_minibatches * grad_accum_steps), 1), multiple)
-  steps, rows = step_shape(needed, budget, multiple)
-  plans = [place_bins(m, x, steps, rows) for m, x in zip(minibatches, bins)]
+  width, bins, steps, rows = pack_width(minibatches.sum(2), t, budget, multiple, quantum)
+  plans = [place_bins(m, x, steps, rows, width) for m, x in zip(minibatches, bins)]
   return jax.tree.map(lambda *xs: np.stack(xs), *plans)
 
 
@@ -332,7 +398,8 @@ def group_rows(batch_size: int, num_minibatches: int, grad_accum_steps: int) -> 
 
 
 def plan_groups(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: int = 1,
-                rows: int | None = None, multiple: int = 1) -> PackPlan:
+                rows: int | None = None, multiple: int = 1,
+                width: int | None = None) -> PackPlan:
   """Packing plans of every group of the batch (``group_rows``), at one common R.
 
   Each group is packed on its own: for passes that take fixed rows at a time (the
@@ -343,10 +410,11 @@ def plan_groups(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps:
       grad_accum_steps: as ``group_rows``. rows: R, or None for ``bucket_rows`` of the
       largest group's bins (capped at the group size), rounded up to a multiple of
       ``multiple`` (the devices the packed rows split over, so each holds as many).
+    width: W, the packed row width, at least the longest sequence (None: T).
 
   Returns:
     PackPlan of numpy arrays with leading axes [n_mb, n_acc]: src, segment_ids,
-    positions [n_mb, n_acc, R, T]; dst, keep [n_mb, n_acc, B/(n_mb·n_acc), T].
+    positions [n_mb, n_acc, R, W]; dst, keep [n_mb, n_acc, B/(n_mb·n_acc), T].
 
   Raises:
     ValueError: as ``group_rows`` and ``plan_packing``.
@@ -354,11 +422,11 @@ def plan_groups(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps:
   mask_bt = np.asarray(mask_bt, bool)
   idx = group_rows(mask_bt.shape[0], num_minibatches, grad_accum_steps)
   groups = [mask_bt[g] for g in idx.reshape(-1, idx.shape[-1])]
+  width = mask_bt.shape[1] if width is None else int(width)
   if rows is None:
-    t = mask_bt.shape[1]
-    needed = max(int(first_fit_decreasing(g.sum(1), t).max()) + 1 for g in groups)
+    needed = max(int(first_fit_decreasing(g.sum(1), width).max()) + 1 for g in groups)
     rows = round_up(bucket_rows(needed, idx.shape[-1]), multiple)
-  plans = [plan_packing(g, rows) for g in groups]
+  plans = [plan_packing(g, rows, width) for g in groups]
   return jax.tree.map(lambda *xs: np.stack(xs).reshape(*idx.shape[:2], *xs[0].shape), *plans)
 
 
