@@ -43,13 +43,13 @@ def main(argv):
   import numpy as np
   from jaxreplay.rl.scoring import token_logprobs
   from jaxreplay.train import checkpoint as ckpt_lib
-  from jaxreplay.train import generation, loop, split
+  from jaxreplay.train import loop, split
   from jaxreplay.train.metrics import read_metrics
 
   from jaxreplay.train import samples as samples_lib
   made, published, saved, graphdefs, logs, wrote = [], {}, {}, [], [], []
-  real_gen, real_publish, real_init = (generation.generate_rollouts, split.Generator.publish,
-                                       split.Generator.__init__)
+  real_deliver, real_publish, real_init = (split.Generator._deliver, split.Generator.publish,
+                                           split.Generator.__init__)
   real_save = ckpt_lib.save
   real_samples_write = samples_lib.write
 
@@ -59,15 +59,14 @@ def main(argv):
       wrote.append(name)
     return path
 
-  def gen_spy(src, params, *a, **kw):
-    graphdefs.append(src.graphdef)
-    rollout, produced = real_gen(src, params, *a, **kw)
+  def deliver_spy(self, rollout, produced):  # each finished round, in order
+    graphdefs.append(self._run.source.graphdef)
     # the rollout is split over the learner mesh (one device per process): this process
     # checks its own rows (a gather here would be a learner-mesh collective off its thread)
     rows = rollout.tokens.addressable_shards[0].index[0]
     local = jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data), rollout)
     made.append((local, produced.token_versions[rows]))
-    return rollout, produced
+    real_deliver(self, rollout, produced)
 
   def host(params):  # the generator copy is replicated over the generator mesh
     return jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data), params)
@@ -84,7 +83,7 @@ def main(argv):
     saved[step] = multihost.to_host(tree["train"].params)
     real_save(manager, step, tree, meta)
 
-  generation.generate_rollouts = gen_spy
+  split.Generator._deliver = deliver_spy
   split.Generator.publish, split.Generator.__init__ = publish_spy, init_spy
   ckpt_lib.save = save_spy
   samples_lib.write = samples_write

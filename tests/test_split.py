@@ -31,7 +31,7 @@ from jaxreplay.parallel import submesh, transfers
 from jaxreplay.rl.scoring import token_logprobs
 from jaxreplay.sampling import engine, generate
 from jaxreplay.train import checkpoint as ckpt_lib
-from jaxreplay.train import generation, split
+from jaxreplay.train import split
 from jaxreplay.train.metrics import read_metrics
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
@@ -212,8 +212,8 @@ def split_run(tmp_path_factory, base_policy_cache):
   workdir = str(tmp_path_factory.mktemp("split"))
   cache = base_policy_cache
   made, published, saved, graphdefs = [], {}, {}, []
-  real_gen, real_publish, real_init = (generation.generate_rollouts, split.Generator.publish,
-                                       split.Generator.__init__)
+  real_deliver, real_publish, real_init = (split.Generator._deliver, split.Generator.publish,
+                                           split.Generator.__init__)
   real_save = ckpt_lib.save
   real_loop = split.Generator._loop
   audits = []
@@ -223,11 +223,19 @@ def split_run(tmp_path_factory, base_policy_cache):
       real_loop(self)
     audits.append((seen, {d.id for d in self._mesh.devices.flat}))
 
-  def gen_spy(src, params, *a, **kw):
-    graphdefs.append(src.graphdef)
-    rollout, produced = real_gen(src, params, *a, **kw)
+  real_load = engine._Stream.load
+  streams, loads = [], []
+
+  def load_spy(self, *a):  # rounds in flight when the engine takes the next one
+    if self not in streams:
+      streams.append(self)
+    loads.append((streams.index(self), len(self.loaded), int((~self.loop.done).sum())))
+    real_load(self, *a)
+
+  def deliver_spy(self, rollout, produced):  # each finished round, in order
+    graphdefs.append(self._run.source.graphdef)
     made.append((jax.tree.map(np.asarray, rollout), produced.token_versions))
-    return rollout, produced
+    real_deliver(self, rollout, produced)
 
   def keep(version, params):
     published[version] = jax.tree.map(np.asarray, params)
@@ -245,7 +253,8 @@ def split_run(tmp_path_factory, base_policy_cache):
     real_save(manager, step, tree, meta)
 
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(generation, "generate_rollouts", gen_spy)
+    mp.setattr(split.Generator, "_deliver", deliver_spy)
+    mp.setattr(engine._Stream, "load", load_spy)
     mp.setattr(split.Generator, "publish", publish_spy)
     mp.setattr(split.Generator, "__init__", init_spy)
     mp.setattr(ckpt_lib, "save", save_spy)
@@ -254,7 +263,7 @@ def split_run(tmp_path_factory, base_policy_cache):
     c.log.record_every, c.log.record_rollouts = 2, RECORDED  # samples/train_{2,4}.jsonl
     summary = run(c, log=lambda *_: None)
   return dict(workdir=workdir, cache=cache, made=made, published=published, saved=saved,
-              summary=summary, graphdef=graphdefs[0], audits=audits)
+              summary=summary, graphdef=graphdefs[0], audits=audits, loads=loads)
 
 
 @pytest.mark.slow
@@ -307,13 +316,24 @@ def test_split_run_respects_staleness_and_counts(split_run):
   made = sum(r.rewards.shape[0] for r, _ in split_run["made"])
   inserted = recs[-1]["limiter_inserted"]
   # every finished round counts as generated; those never inserted count as lost, and so
-  # does a round abandoned mid-way when the run stopped (16 rollouts)
+  # do the rounds abandoned mid-way when the run stopped (16 rollouts each, at most
+  # engine.ROUNDS_IN_FLIGHT)
   assert ledger["generated_rollouts"] == made
-  assert ledger["lost_in_flight_rollouts"] - (made - inserted) in (0, 16)
+  assert ledger["lost_in_flight_rollouts"] - (made - inserted) in (0, 16, 32)
   # the overlap counts rounds still running or abandoned at the stop, which generate_s (the
   # finished rounds' time) does not: the busy clock above bounds it, not the phase timers
   s = split_run["summary"]
   assert 0.0 <= s["both_busy_s"] <= s["wall_seconds"]
+
+
+def test_split_generator_keeps_its_slots_full_across_rounds(split_run):
+  """The generator thread streams its rounds through one set of decode slots
+  (``engine.stream``): one stream for the whole run, and the next round is taken while
+  the one before still decodes, its requests filling the slots that round's finished
+  requests freed."""
+  loads = split_run["loads"]  # (stream, rounds held, slots decoding) at each round taken
+  assert {stream for stream, _, _ in loads} == {0} and len(loads) >= len(split_run["made"])
+  assert any(held >= 1 and decoding > 0 for _, held, decoding in loads), loads
 
 
 @pytest.mark.slow

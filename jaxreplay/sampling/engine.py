@@ -562,8 +562,14 @@ def _decode_steps(graphdef, params, state: SlotState, key, forced, version, page
     if forced is not None:
       logits = _force_lengths(logits, st.step, forced[jnp.minimum(st.request, n_req - 1)],
                               eos_ids)
-    keys = jax.vmap(lambda r, t: jax.random.fold_in(jax.random.fold_in(key, r), t))(
-        st.request, st.step)
+    if key.ndim:  # a stream's round keys: request r is r mod R of round region r // R
+      per_round = n_req // key.shape[0]
+      region = jnp.minimum(st.request // per_round, key.shape[0] - 1)
+      keys = jax.vmap(lambda k, r, t: jax.random.fold_in(jax.random.fold_in(k, r), t))(
+          key[region], st.request % per_round, st.step)
+    else:
+      keys = jax.vmap(lambda r, t: jax.random.fold_in(jax.random.fold_in(key, r), t))(
+          st.request, st.step)
     tok, lp, flp = sample_token(keys, logits, temperature, top_k, top_p)
     row = jnp.where(active, st.request, n_req + 1)  # out of range: dropped
     at = (0, row, st.step)  # the program's own output buffer
@@ -926,7 +932,9 @@ class _HostLoop:
   prompt_len: np.ndarray  # [S] int32
   request: np.ndarray  # [S] int32 (N·G: none)
   stats: EngineStats
-  next_req: int = 0
+  next_req: int = 0  # requests admitted so far (request id: next_req mod N·G)
+  admit_end: int = 0  # requests loaded so far: all N·G, or a stream's rounds (``stream``)
+  streaming: bool = False  # a stream: slots never shrink (the next round refills them)
   shapes: set = dataclasses.field(default_factory=set)  # (S, width) of the decode programs
   inflight: tuple | None = None  # (slot view, width, table pages) of the chunk not yet read
   fresh: np.ndarray | None = None  # [S] bool: filled since the chunk in flight was dispatched
@@ -948,12 +956,12 @@ class _HostLoop:
     return cls(c=c, params=params, version=int(version), state=state, pool=pool, s=s,
                done=np.ones((s,), bool), length=np.zeros((s,), np.int32),
                prompt_len=np.zeros((s,), np.int32), request=np.full((s,), c.n_req, np.int32),
-               stats=stats, fresh=np.zeros((s,), bool))
+               stats=stats, admit_end=c.n_req, fresh=np.zeros((s,), bool))
 
   def pending(self) -> bool:
     """Requests still to admit or to finish (the chunk in flight read first when the host's
     view says none)."""
-    if self.next_req < self.c.n_req or not self.done.all():
+    if self.next_req < self.admit_end or not self.done.all():
       return True
     if self.inflight is None:
       return False
@@ -966,17 +974,17 @@ class _HostLoop:
     free pages cover (``_admit``; the rest wait for finishing requests' pages)."""
     c = self.c
     free = np.flatnonzero(self.done)
-    while self.next_req < c.n_req and len(free):
-      last = min(c.n_req, self.next_req + len(free),
+    while self.next_req < self.admit_end and len(free):
+      last = min(self.admit_end, self.next_req + len(free),
                  (self.next_req // c.group_size + c.prefill_prompts) * c.group_size)
       if c.paged:
         last = self.next_req + _admit(
-            self.pool, np.arange(self.next_req, last) // c.group_size, c.worst,
+            self.pool, np.arange(self.next_req, last) % c.n_req // c.group_size, c.worst,
             c.plen // c.page_size, c.worst[self.request[~self.done] // c.group_size],
             ~self.done)
         if last == self.next_req:
           break  # the pool is short: the requests wait for pages of finishing ones
-      reqs = np.arange(self.next_req, last)
+      reqs = np.arange(self.next_req, last) % c.n_req
       self.next_req = last
       self._insert(reqs, free[:len(reqs)])
       free = free[len(reqs):]
@@ -1054,9 +1062,9 @@ class _HostLoop:
     c = self.c
     self.params, self.version = swap[0], int(swap[1])
     self.stats.swaps += 1
-    if c.on_weight_swap == "keep_kv":
-      return
     active = ~self.done
+    if c.on_weight_swap == "keep_kv" or not active.any():  # no cache to recompute
+      return
     r_width = width_bucket(int(self.length[active].max()) + self._lag(), c.capacity)
     writes = None
     if c.paged:
@@ -1147,22 +1155,28 @@ class _HostLoop:
   def _shrinkable(self) -> bool:
     c = self.c
     n_active = int((~self.done).sum())
-    return self.next_req >= c.n_req and 0 < n_active <= self.s // 2 and self.s > c.min_slots
+    return (not self.streaming and self.next_req >= self.admit_end
+            and 0 < n_active <= self.s // 2 and self.s > c.min_slots)
 
-  def outputs(self):
-    """``run``'s return value: the requests' tokens, log-probs and versions on the host, the
-    stop-inclusive lengths, and the finished ``EngineStats``."""
+  def outputs(self, lo: int = 0, hi: int | None = None):
+    """Requests [lo, hi)'s tokens, log-probs (truncated, full) and versions on the host and
+    their stop-inclusive lengths; with the default range (all), ``run``'s return value,
+    the finished ``EngineStats`` last."""
     c, st = self.c, self.stats
-    out = multihost.to_host({"tokens": self.state.tokens[:, :c.n_req],
-                             "logprobs": self.state.logprobs[:, :c.n_req],
-                             "full": self.state.full_logprobs[:, :c.n_req],
-                             "versions": self.state.versions[:, :c.n_req]})
+    every = hi is None
+    hi = c.n_req if every else hi
+    out = multihost.to_host({"tokens": self.state.tokens[:, lo:hi],
+                             "logprobs": self.state.logprobs[:, lo:hi],
+                             "full": self.state.full_logprobs[:, lo:hi],
+                             "versions": self.state.versions[:, lo:hi]})
     tokens, logprobs, full, versions = _merge_replicas(
         out["tokens"], out["logprobs"], out["full"], out["versions"], c.pad_id)
     is_stop = np.isin(tokens, np.asarray(c.eos_ids, np.int32))
     length = np.where(is_stop.any(-1), is_stop.argmax(-1) + 1, c.m).astype(np.int32)
-    st.useful_row_steps = int(length.sum())
+    st.useful_row_steps += int(length.sum())
     st.programs = len(self.shapes)
+    if not every:
+      return tokens, logprobs, full, length, versions
     if c.paged:
       st.kv_bytes_held = st.peak_pages * c.page_size * _kv_position_bytes(c.cfg)
       st.pool = self.pool
@@ -1255,6 +1269,181 @@ def run(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_mask, k
     # 5. no request left to admit and at most half the slots busy: a smaller slot bucket
     loop.shrink_slots()
   return loop.outputs()
+
+
+@functools.partial(jax.jit, static_argnames=("lo", "hi", "pad_id", "mesh"),
+                   donate_argnames=("state",))
+def _clear_requests(state: SlotState, *, lo: int, hi: int, pad_id: int, mesh) -> SlotState:
+  """The output buffers' rows [lo, hi) of every replica reset (``pad_id``, zeros): a
+  stream's round region emptied for its next round (``_merge_replicas`` reads a token
+  only from the replica that wrote it)."""
+  def reset(x, value):
+    return x.at[:, lo:hi].set(jnp.asarray(value, x.dtype))
+  return _constrain(state.replace(
+      tokens=reset(state.tokens, pad_id), logprobs=reset(state.logprobs, 0),
+      full_logprobs=reset(state.full_logprobs, 0), versions=reset(state.versions, 0)), mesh)
+
+
+ROUNDS_IN_FLIGHT = 2  # a stream's round regions: the round finishing and the next one
+
+
+class _Stream:
+  """A stream's rounds over ``ROUNDS_IN_FLIGHT`` regions of the request ids: round j takes
+  region j mod K (request ids region · R .. + R − 1), its prompts, forced lengths and key
+  written there when it is loaded and its outputs read, in round order, once its last
+  request is done; the region is then cleared for round j + K."""
+
+  def __init__(self, loop: _HostLoop, per_round: int, keys: list):
+    self.loop, self.r, self.keys = loop, per_round, keys
+    self.loaded: list = []  # (round index, tag) of the rounds loaded and not delivered
+    self.rounds = 0
+
+  def can_load(self) -> bool:
+    """Every loaded request admitted and a region free."""
+    return (self.loop.next_req == self.loop.admit_end
+            and len(self.loaded) < len(self.keys))
+
+  def load(self, prompt_tokens, prompt_mask, key, tag):
+    """The next round's prompts into its region; the host admits them from now on."""
+    loop, c = self.loop, self.loop.c
+    toks, mask = np.asarray(prompt_tokens), np.asarray(prompt_mask, bool)
+    n = self.r // c.group_size
+    if toks.shape != (n, c.aligned.shape[1]) or mask.shape != toks.shape:
+      raise ValueError(f"a stream's rounds need [{n}, {c.aligned.shape[1]}] prompts (the "
+                       f"first round's); got {toks.shape} and mask {mask.shape}")
+    if (mask.sum(-1) == 0).any():
+      raise ValueError("every prompt row needs at least one real token (prompt_mask all False)")
+    region = self.rounds % len(self.keys)
+    rows = slice(region * n, (region + 1) * n)
+    c.aligned[rows], c.plen[rows] = _left_align(toks, mask, c.pad_id, toks.shape[1])
+    if c.paged:
+      c.worst[rows] = -(-(c.plen[rows].astype(np.int64) + c.m) // c.page_size)
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+      key = jax.random.wrap_key_data(key)
+    self.keys[region] = key
+    key_arr = jax.random.wrap_key_data(np.stack([np.asarray(multihost.to_host(
+        jax.random.key_data(x))) for x in self.keys]), impl=jax.random.key_impl(key))
+    loop.c = dataclasses.replace(c, key=c.place(key_arr))
+    loop.admit_end += self.r
+    self.loaded.append((self.rounds, tag))
+    self.rounds += 1
+
+  def deliver_finished(self, deliver):
+    """Reads, hands to ``deliver`` and clears the oldest rounds whose requests are done."""
+    loop = self.loop
+    while self.loaded:
+      j, tag = self.loaded[0]
+      region = j % len(self.keys)
+      lo, hi = region * self.r, (region + 1) * self.r
+      admitted = loop.next_req >= (j + 1) * self.r
+      busy = ((loop.request >= lo) & (loop.request < hi) & ~loop.done).any()
+      if not admitted or busy:
+        return
+      deliver(tag, *loop.outputs(lo, hi))
+      loop.state = _clear_requests(loop.state, lo=lo, hi=hi, pad_id=loop.c.pad_id,
+                                   mesh=loop.c.mesh)
+      self.loaded.pop(0)
+
+
+def stream(graphdef: nnx.GraphDef, params: nnx.State, next_round, deliver, *,
+           max_new_tokens: int, temperature: float, eos_ids: Sequence[int], pad_id: int,
+           top_k: int = 0, top_p: float = 1.0, group_size: int = 1, slots: int = 0,
+           chunk_steps: int = 16, mesh: Mesh | None = None,
+           prefill_prompts: int = PREFILL_PROMPTS, version: int = 0, weights=None,
+           paged: bool = False, page_size: int = 16, num_pages: int = 0,
+           attention: str = "auto", overlap_host_check: bool = False,
+           on_weight_swap: str = "recompute") -> EngineStats:
+  """Decodes a stream of rounds with one set of S slots kept full across rounds.
+
+  ``run`` decodes one round and returns when its last request is done, so the slots its
+  finished requests free idle through the round's tail. Here the next round is asked for
+  as soon as every request of the rounds held has been admitted, and its requests take
+  the freed slots at once: the slots stay full while a round's stragglers finish. Up to
+  ``ROUNDS_IN_FLIGHT`` rounds are held; each is handed to ``deliver`` when its last
+  request is done, in the order the rounds came. Request r of a round draws token t with
+  ``fold_in(fold_in(round key, r), t)``, as ``run`` does, so each round's tokens equal
+  ``run``'s with its key (and its log-probs to float rounding), whatever the slots held
+  beside it.
+
+  Args:
+    graphdef, params: the policy (parameters already placed for ``mesh``).
+    next_round: ``(block: bool) -> (prompt_tokens [N, P], prompt_mask [N, P], key, tag) |
+      None``: the next round's prompts (every round the same [N, P] shape), its PRNG key
+      and any ``tag`` handed back with its outputs; None for none now. With ``block``
+      (nothing is decoding) it may wait for one; None then ends the stream. It may raise
+      to abandon the stream (the rounds held are lost). With several processes it must
+      answer alike on every process.
+    deliver: ``(tag, tokens [R, M] int32, logprobs [R, M] float32, full_logprobs [R, M]
+      float32, length [R] int32, versions [R, M] int32) -> None``, a finished round's
+      outputs as ``run`` returns them (host NumPy), R = N·G.
+    max_new_tokens ... on_weight_swap: as ``run`` (``slots`` 0: one per request of a
+      round; a stream never shrinks its slots).
+
+  Returns:
+    ``EngineStats`` of the whole stream.
+
+  Raises:
+    ValueError: as ``run``; a round's prompts of another shape than the first's.
+  """
+  cfg = nnx.merge(graphdef, params).cfg
+  first = next_round(True)
+  if first is None:
+    return EngineStats()
+  toks, mask, key, tag = first
+  toks, mask = np.asarray(toks), np.asarray(mask, bool)
+  k = ROUNDS_IN_FLIGHT
+  per_round = toks.shape[0] * group_size
+  c = _Call.make(cfg, np.concatenate([toks] * k), np.concatenate([mask] * k), key,
+                 max_new_tokens=max_new_tokens, temperature=temperature, eos_ids=eos_ids,
+                 pad_id=pad_id, top_k=top_k, top_p=top_p, group_size=group_size,
+                 slots=slots or per_round, chunk_steps=chunk_steps, mesh=mesh,
+                 forced_lengths=None, prefill_prompts=prefill_prompts, paged=paged,
+                 page_size=page_size, num_pages=num_pages, attention=attention,
+                 graphdef=graphdef, pipelined=overlap_host_check,
+                 on_weight_swap=on_weight_swap)
+  loop = _HostLoop.start(c, params, version)
+  loop.admit_end, loop.streaming = 0, True
+  rounds = _Stream(loop, per_round, [key] * k)
+  rounds.load(toks, mask, key, tag)
+  ended = False
+
+  def load_next() -> bool:
+    """Loads rounds while every request held is admitted and a region is free (waiting
+    for one when nothing decodes); returns whether the stream has ended."""
+    while rounds.can_load():
+      idle = not loop.pending()  # reads the chunk in flight when the host sees none decoding
+      if idle:
+        rounds.deliver_finished(deliver)
+      nxt = next_round(idle)
+      if nxt is None:
+        return idle
+      rounds.load(*nxt)
+    return False
+
+  while True:
+    # 0. finished rounds out, in order; the next round in once every request held is
+    #    admitted (waiting for one when nothing decodes: none then ends the stream)
+    rounds.deliver_finished(deliver)
+    ended = ended or load_next()
+    if not loop.pending():
+      rounds.deliver_finished(deliver)
+      if ended:
+        break
+      continue
+    # 1. an in-flight weight update (before the fill: new requests start on the new weights)
+    loop.maybe_swap_weights(weights)
+    # 2. the next requests into the free slots (pages permitting), the next round's too
+    #    when this fill admits the last requests held
+    loop.fill_free_slots()
+    if not ended and loop.done.any() and rounds.can_load():
+      ended = load_next()
+      loop.fill_free_slots()
+    # 3. the chunk's attention width, and the pages its k steps will write
+    width, table_pages = loop.reserve_chunk()
+    # 4. k decode steps on the device, then each slot's stop and length back on the host
+    loop.decode_chunk(width, table_pages)
+  loop.stats.programs = len(loop.shapes)
+  return loop.stats
 
 
 def _new_state(cfg, slots: int, capacity: int, requests: int, max_new_tokens: int, pad_id: int,

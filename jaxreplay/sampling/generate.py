@@ -171,6 +171,25 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
       version=int(version), weights=weights, paged=bool(paged), page_size=int(page_size),
       num_pages=int(num_pages), attention=str(attention),
       overlap_host_check=bool(overlap_host_check), on_weight_swap=str(on_weight_swap))
+  gen = as_generation(tokens, logprobs, full, versions, eos_ids=eos_ids, pad_id=pad_id,
+                      mesh=mesh)
+  return (gen, stats) if return_stats else gen
+
+
+def as_generation(tokens, logprobs, full, versions, *, eos_ids: Sequence[int], pad_id: int,
+                  mesh: Mesh | None = None) -> Generation:
+  """The engine's raw outputs (``engine.run``, or a round of ``engine.stream``) as a
+  ``Generation``: masked after each row's first stop (``postprocess_stops``), log-probs
+  and versions 0 past it.
+
+  Args:
+    tokens: [B, M] int32. logprobs, full: [B, M] float32 (truncated and untruncated
+      distribution). versions: [B, M] int32. eos_ids, pad_id: as ``generate``.
+    mesh: optional mesh: the rows are split over its batch axes.
+
+  Returns:
+    ``Generation`` with [B, M] arrays.
+  """
   tokens, mask, length, truncated = postprocess_stops(tokens, eos_ids, pad_id)
   gen = Generation(tokens=tokens, logprobs=jnp.where(mask, logprobs, 0.0), mask=mask,
                    truncated=truncated, length=length,
@@ -179,4 +198,4 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens, prompt_ma
   if mesh is not None:  # rows split over the batch axes, as the rollouts built from them
     gen = jax.tree.map(lambda x: multihost.to_global(
         np.asarray(x), batch_sharding(mesh, x.ndim, x.shape[0])), gen)
-  return (gen, stats) if return_stats else gen
+  return gen

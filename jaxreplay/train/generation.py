@@ -26,7 +26,8 @@ from jaxreplay.rl.losses import kl_penalised_rewards
 from jaxreplay.rl.scoring import plan_rows, token_logprobs_by_rows
 from jaxreplay.rl.spec import AlgoSpec
 from jaxreplay.rollout import Rollout
-from jaxreplay.sampling import generate
+from jaxreplay.sampling import engine
+from jaxreplay.sampling.generate import as_generation, generate
 from jaxreplay.sampling.spec import SamplingSpec
 from jaxreplay.train import accounting
 from jaxreplay.train.ledger import Ledger
@@ -186,14 +187,49 @@ class RolloutSource:
   rollout_mesh: Any = None
 
 
+class RoundPrompts(NamedTuple):
+  """One round's prompts (``round_prompts``).
+
+  Attributes:
+    examples: the P task examples. skipped: prompts skipped as too long.
+    position: the data position after them. tokens, mask: [P, prompt_width] int32 / bool.
+  """
+
+  examples: list
+  skipped: int
+  position: int
+  tokens: np.ndarray
+  mask: np.ndarray
+
+
+def round_prompts(src: RolloutSource, position: int) -> RoundPrompts:
+  """P = R/G prompts from ``src.stream`` at ``position``, skipping (and counting) those that
+  do not fit when ``task.on_too_long='skip'`` (host)."""
+  examples, skipped, position = _fitting_prompts(src.io, src.stream, position,
+                                                 src.rollout.prompts_per_step)
+  tokens, mask, _ = src.io.prompts(examples)
+  return RoundPrompts(examples, skipped, position, tokens, mask)
+
+
+def _engine_options(src: RolloutSource) -> dict:
+  """The ``sampler`` settings of ``generate`` and ``engine.stream``."""
+  samp, io = src.sampling, src.io
+  return dict(max_new_tokens=samp.max_new_tokens, temperature=samp.temperature,
+              top_k=samp.top_k, top_p=samp.top_p, eos_ids=io.eos_ids, pad_id=io.pad_id,
+              mesh=src.mesh, group_size=src.rollout.group_size, slots=samp.slots,
+              chunk_steps=samp.chunk_steps, paged=samp.paged, page_size=samp.page_size,
+              num_pages=samp.num_pages, attention=samp.attention,
+              overlap_host_check=samp.overlap_host_check, on_weight_swap=samp.on_weight_swap)
+
+
 def generate_rollouts(src: RolloutSource, params, position: int, key, version: int,
                       ref_params=None, weights=None) -> tuple[Rollout, Generation]:
   """Generates, scores and groups R = P·G rollouts with the behaviour policy (host + jit).
 
-  Reads P = R/G prompts from ``src.stream`` at ``position`` (skipping, and counting, prompts
-  that do not fit when ``task.on_too_long='skip'``), samples G completions each, scores
-  them with the task's reward (a raising or timed-out reward counts as 0), and computes
-  the group advantages — after the KL reward penalty when ``algo.kl_mode='reward'``. With
+  Reads P = R/G prompts from ``src.stream`` at ``position`` (``round_prompts``), samples G
+  completions each and hands them to ``finish_round``: scored with the task's reward (a
+  raising or timed-out reward counts as 0), grouped, with the group advantages — after
+  the KL reward penalty when ``algo.kl_mode='reward'``. With
   ``rollout.behaviour_logprobs='learner'`` the behaviour log-probs are rescored by the
   learner's forward first (``learner_behaviour_logprobs``).
 
@@ -210,21 +246,81 @@ def generate_rollouts(src: RolloutSource, params, position: int, key, version: i
     (``Rollout`` with R rows of width ``prompt_width + sampler.max_new_tokens``,
      ``Generation``).
   """
+  prompts = round_prompts(src, position)
+  gen = generate(src.graphdef, params, prompts.tokens, prompts.mask, key, version=version,
+                 weights=weights, **_engine_options(src))
+  return finish_round(src, params, prompts, gen, ref_params, in_flight=weights is not None)
+
+
+def stream_rollouts(src: RolloutSource, params, position: int, key, version: int,
+                    next_round, deliver, weights=None) -> None:
+  """Rounds of R rollouts at consecutive data positions from one set of decode slots kept
+  full across rounds (``sampling.engine.stream``), each finished round handed on as
+  ``generate_rollouts`` returns it.
+
+  Round j reads its prompts at the position round j − 1 ended at (``round_prompts``) and
+  samples with ``fold_in(key, its position)``: the keys ``generate_rollouts`` would get
+  from a caller folding in each round's position.
+
+  Args:
+    src, params, version, weights: as ``generate_rollouts`` (``params`` of version
+      ``version`` start the stream; ``weights`` swaps newer ones in between chunks).
+    position: data position of the first round's first prompt. key: the base PRNG key.
+    next_round: ``(block: bool) -> params | None``: whether the next round may start now
+      (the engine asks once every request it holds is admitted; with ``block``, nothing
+      decodes and it may wait); the parameters given are the behaviour policy the
+      rescoring passes use for that round (``rollout.behaviour_logprobs='learner'``).
+      None: not now, or with ``block`` the stream's end. May raise to abandon the stream.
+    deliver: ``(Rollout, Generation) -> None``, each finished round, in order.
+
+  Raises:
+    As ``generate_rollouts``; whatever ``next_round`` raises.
+  """
+  at = {"position": position}
+
+  def engine_next(block):
+    behaviour = next_round(block)
+    if behaviour is None:
+      return None
+    prompts = round_prompts(src, at["position"])
+    round_key = jax.random.fold_in(key, at["position"])
+    at["position"] = prompts.position
+    return prompts.tokens, prompts.mask, round_key, (prompts, behaviour)
+
+  def engine_deliver(tag, tokens, logprobs, full, _length, versions):
+    prompts, behaviour = tag
+    gen = as_generation(tokens, logprobs, full, versions, eos_ids=src.io.eos_ids,
+                        pad_id=src.io.pad_id, mesh=src.mesh)
+    deliver(*finish_round(src, behaviour, prompts, gen, None, in_flight=weights is not None))
+
+  opts = _engine_options(src)
+  if opts.pop("mesh") is not None:
+    params = sharding_lib.shard_params(params, src.mesh)
+  engine.stream(src.graphdef, params, engine_next, engine_deliver, mesh=src.mesh,
+                version=version, weights=weights, **opts)
+
+
+def finish_round(src: RolloutSource, params, prompts: RoundPrompts, gen, ref_params=None,
+                 in_flight: bool = False) -> tuple[Rollout, Generation]:
+  """A round's sampled completions (``sampling.generate.Generation``, [R, M]) as scored,
+  grouped rollouts with their advantages (``generate_rollouts``'s second half).
+
+  Args:
+    src: the ``RolloutSource``. params: the behaviour policy the rescoring passes use.
+    prompts: the round's ``RoundPrompts``. gen: its completions, request r the sample
+      r % G of prompt r // G. ref_params: the KL reward penalty's reference, or None.
+    in_flight: weights may have been swapped during the round (adds ``version_span``).
+
+  Returns:
+    (``Rollout`` of R rows, ``Generation``).
+  """
   io, task, graphdef, mesh, cost = src.io, src.task, src.graphdef, src.mesh, src.cost
   samp, algo = src.sampling, src.algo
   g = src.rollout.group_size
   p = src.rollout.prompts_per_step
-  examples, skipped, position = _fitting_prompts(io, src.stream, position, p)
+  examples, skipped, position = prompts.examples, prompts.skipped, prompts.position
+  prompt_toks, prompt_mask = prompts.tokens, prompts.mask
   first_group = position - p
-  prompt_toks, prompt_mask, _ = io.prompts(examples)
-  gen = generate(graphdef, params, prompt_toks, prompt_mask, key,
-                 max_new_tokens=samp.max_new_tokens, temperature=samp.temperature,
-                 top_k=samp.top_k, top_p=samp.top_p, eos_ids=io.eos_ids,
-                 pad_id=io.pad_id, mesh=mesh, group_size=g, slots=samp.slots,
-                 chunk_steps=samp.chunk_steps, version=version, weights=weights,
-                 paged=samp.paged, page_size=samp.page_size, num_pages=samp.num_pages,
-                 attention=samp.attention, overlap_host_check=samp.overlap_host_check,
-                 on_weight_swap=samp.on_weight_swap)
   # Rollout rows: prompt r // G's tokens beside completion r (the engine's request order).
   toks, mask = np.repeat(prompt_toks, g, 0), np.repeat(prompt_mask, g, 0)
   # Every process reads the whole generation (gathered across processes), so each decodes,
@@ -294,7 +390,7 @@ def generate_rollouts(src: RolloutSource, params, position: int, key, version: i
   metrics = {"reward": float(rewards.mean()), "frac_mixed_groups": float(spread.mean()),
              "completion_len": float(lengths.mean()), "truncated_frac": float(truncated.mean()),
              **numerics}
-  if weights is not None:
+  if in_flight:
     metrics["version_span"] = float((newest - oldest).mean())
   return rollout, Generation(ledger, metrics, position, out["versions"])
 

@@ -130,6 +130,9 @@ class Generator:
     self.stop_requested = False
     self.error: BaseException | None = None
     self.swaps = 0
+    self.in_flight = 0  # rounds the engine holds, not yet queued
+    self._first = False
+    self._busy_since = None
     self.abandoned_rollouts = 0
     self.wait_s = self.busy_s = 0.0
     self._thread = threading.Thread(target=self._loop, name="jaxreplay-generator", daemon=True)
@@ -150,7 +153,7 @@ class Generator:
   def _may_start(self) -> bool:
     with self.cond:
       inserted, sampled, size = self.seen
-      queued = len(self.queue) * self._r
+      queued = (len(self.queue) + self.in_flight) * self._r
     state = rate_lib.RateLimiterState(inserted=inserted + queued, sampled=sampled)
     return rate_lib.can_insert(self._run.limiter, state, self._r, size + queued)
 
@@ -173,43 +176,86 @@ class Generator:
 
   def _rounds(self):
     try:
-      while True:
-        # --- WAIT for the rate limiter (every process must be allowed) ---------------------
-        t0 = time.time()
-        while True:
-          go, start, version = self._agree(self._may_start())
-          if not go:
-            return
-          if start:
-            break
-          time.sleep(POLL_S)
+      # --- WAIT for the rate limiter before the first round (every process must agree) --
+      t0 = time.time()
+      version = self._wait_for_round(t0)
+      if version is None:
+        return
+      with self.cond:
+        self.in_use, params, position = version, self.published[version], self.position
+        self.in_flight = 1
+      self._first = True
+      # --- GENERATE rounds from slots kept full across them, weights swapped in flight --
+      try:
+        generation.stream_rollouts(self._run.source, params, position, self._key, version,
+                                   self._next_round, self._deliver, weights=self._weights)
+      except _Stopped:
         with self.cond:
-          self.in_use, params, position = version, self.published[version], self.position
-        t1 = time.time()
-        self._clock.set("generator", True, t1)
-
-        # --- GENERATE a round, weights swapped in flight -----------------------------------
-        try:
-          rollout, produced = generation.generate_rollouts(
-              self._run.source, params, position, jax.random.fold_in(self._key, position),
-              version, weights=self._weights)
-        except _Stopped:
-          with self.cond:
-            self.abandoned_rollouts += self._r
-          return
-        finally:
-          t2 = time.time()
-          self._clock.set("generator", False, t2)
-        with self.cond:
-          self.queue.append((rollout, produced))
-          self.position = produced.position
-          self.wait_s += t1 - t0
-          self.busy_s += t2 - t1
-          self.cond.notify_all()
+          self.abandoned_rollouts += self._r * self.in_flight
+          self.in_flight = 0
+      finally:
+        self._set_busy(False, time.time())
     except BaseException as e:  # noqa: BLE001 - handed to the learner
       with self.cond:
         self.error = e
         self.cond.notify_all()
+
+  def _wait_for_round(self, t0: float) -> int | None:
+    """Polls the agreement until a round may start: the agreed newest version, or None
+    when the run stops. Counts the wait and marks the generator busy after it."""
+    while True:
+      go, start, version = self._agree(self._may_start())
+      if not go:
+        return None
+      if start:
+        break
+      time.sleep(POLL_S)
+    t1 = time.time()
+    with self.cond:
+      self.wait_s += t1 - t0
+    self._set_busy(True, t1)
+    return version
+
+  def _set_busy(self, busy: bool, now: float):
+    """The generator busy (generating) or not from ``now``, on the clock and in
+    ``busy_s``."""
+    with self.cond:
+      if self._busy_since is not None:
+        self.busy_s += now - self._busy_since
+      self._busy_since = now if busy else None
+    self._clock.set("generator", busy, now)
+
+  def _next_round(self, block: bool):
+    """``stream_rollouts``'s ``next_round``: may the next round start? With ``block``
+    (nothing decodes) it waits until one may; a stop raises ``_Stopped``. Returns the
+    parameters in use (the round's behaviour policy) or None."""
+    if self._first:  # agreed before the stream started
+      self._first = False
+    elif block:
+      t0 = time.time()
+      self._set_busy(False, t0)
+      if self._wait_for_round(t0) is None:
+        raise _Stopped
+      with self.cond:
+        self.in_flight += 1
+    else:
+      go, start, _ = self._agree(self._may_start())
+      if not go:
+        raise _Stopped
+      if not start:
+        return None
+      with self.cond:
+        self.in_flight += 1
+    with self.cond:
+      return self.published[self.in_use]
+
+  def _deliver(self, rollout, produced):
+    """``stream_rollouts``'s ``deliver``: a finished round into the learner's queue."""
+    with self.cond:
+      self.queue.append((rollout, produced))
+      self.position = produced.position
+      self.in_flight -= 1
+      self.cond.notify_all()
 
   # -- the learner's side ----------------------------------------------------------------
   def publish(self, params, version: int):
