@@ -506,3 +506,24 @@ def test_stream_rejects_a_round_of_another_shape_and_passes_on_an_abandon(policy
   with pytest.raises(Stop):
     engine.stream(graphdef, params, stop_after_one, lambda tag, *a: delivered.append(tag), **kw)
   assert delivered == []  # asked for the next round before round 0 ended: abandoned
+
+
+def test_stream_forces_each_rounds_lengths(policy, prompts):
+  """Forced lengths per round (``run``'s ``forced_lengths``, a benchmark's control): each
+  round stops exactly at its own; a round without them in a forced stream is refused."""
+  graphdef, params = policy
+  toks, mask = prompts
+  forced = [np.arange(R) % M + 1, M - np.arange(R) % M]
+  queue = [(toks, mask, k, j, f) for j, (k, f) in enumerate(zip(ROUND_KEYS, forced))]
+  got = {}
+  kw = dict(max_new_tokens=M, temperature=TEMP, eos_ids=STOPS, pad_id=PAD, group_size=G,
+            slots=REFILL_SLOTS)
+  engine.stream(graphdef, params, lambda block: queue.pop(0) if queue else None,
+                lambda tag, tokens, logprobs, full, length, versions: got.update({tag: length}),
+                **kw)
+  np.testing.assert_array_equal(got[0], forced[0])
+  np.testing.assert_array_equal(got[1], forced[1])
+  queue = [(toks, mask, KEY, 0, forced[0]), (toks, mask, KEY, 1)]
+  with pytest.raises(ValueError, match="forced_lengths must be given for every round"):
+    engine.stream(graphdef, params, lambda block: queue.pop(0) if queue else None,
+                  lambda *a: None, **kw)

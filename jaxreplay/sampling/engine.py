@@ -16,6 +16,12 @@ chunks the host loop (``_HostLoop``, one method per step)
 3. **shrinks** the batch to a smaller power-of-two bucket once no request waits and at most
    half of the slots still decode (the tail of a batch no longer computes finished rows).
 
+A **stream** of rounds (``stream``, the actor–learner split's generator) keeps one set of
+slots across rounds: the next round is taken as soon as every request held is admitted,
+its requests fill the slots the round before frees while that round's stragglers finish,
+and each round is handed on, in order, when its last request is done (the round regions
+of the request ids: ``_Stream``). A stream never shrinks its slots.
+
 Shapes are static per (slots, width) bucket, so XLA compiles a bounded set of programs:
 at most about 4·log2(C / 64) widths × log2(S / 8) batch sizes (one width and one size when
 every request fits in the slots and M is short), plus one prefill program per power-of-two
@@ -1295,17 +1301,50 @@ class _Stream:
 
   def __init__(self, loop: _HostLoop, per_round: int, keys: list):
     self.loop, self.r, self.keys = loop, per_round, keys
+    self.forced = np.full((len(keys) * per_round,), loop.c.m, np.int32)  # host copy
     self.loaded: list = []  # (round index, tag) of the rounds loaded and not delivered
     self.rounds = 0
+
+  @classmethod
+  def start(cls, cfg, graphdef, params, version: int, first: tuple, options: dict) -> "_Stream":
+    """The stream's host loop (``ROUNDS_IN_FLIGHT`` regions of the first round's shape,
+    ``options`` as ``_Call.make``'s) with the first round loaded."""
+    toks, mask, key = np.asarray(first[0]), np.asarray(first[1], bool), first[2]
+    forced = None if len(first) < 5 or first[4] is None else np.asarray(first[4], np.int32)
+    k, per_round = ROUNDS_IN_FLIGHT, toks.shape[0] * options["group_size"]
+    c = _Call.make(cfg, np.concatenate([toks] * k), np.concatenate([mask] * k), key,
+                   forced_lengths=None if forced is None else np.concatenate([forced] * k),
+                   graphdef=graphdef, **options | dict(slots=options["slots"] or per_round))
+    loop = _HostLoop.start(c, params, version)
+    loop.admit_end, loop.streaming = 0, True
+    rounds = cls(loop, per_round, [key] * k)
+    rounds.load(*first)
+    return rounds
+
+  def take(self, next_round, deliver) -> bool:
+    """Loads rounds from ``next_round`` while ``can_load`` (blocking for one when nothing
+    decodes); returns whether the stream has ended (none while idle)."""
+    while self.can_load():
+      idle = not self.loop.pending()  # reads the chunk in flight when none decodes
+      if idle:
+        self.deliver_finished(deliver)
+      nxt = next_round(idle)
+      if nxt is None:
+        return idle
+      self.load(*nxt)
+    return False
 
   def can_load(self) -> bool:
     """Every loaded request admitted and a region free."""
     return (self.loop.next_req == self.loop.admit_end
             and len(self.loaded) < len(self.keys))
 
-  def load(self, prompt_tokens, prompt_mask, key, tag):
-    """The next round's prompts into its region; the host admits them from now on."""
+  def load(self, prompt_tokens, prompt_mask, key, tag, forced_lengths=None):
+    """The next round's prompts (and forced lengths, when the stream's first round had
+    them) into its region; the host admits them from now on."""
     loop, c = self.loop, self.loop.c
+    if (forced_lengths is None) != (c.forced is None):
+      raise ValueError("forced_lengths must be given for every round of a stream or for none")
     toks, mask = np.asarray(prompt_tokens), np.asarray(prompt_mask, bool)
     n = self.r // c.group_size
     if toks.shape != (n, c.aligned.shape[1]) or mask.shape != toks.shape:
@@ -1323,7 +1362,12 @@ class _Stream:
     self.keys[region] = key
     key_arr = jax.random.wrap_key_data(np.stack([np.asarray(multihost.to_host(
         jax.random.key_data(x))) for x in self.keys]), impl=jax.random.key_impl(key))
-    loop.c = dataclasses.replace(c, key=c.place(key_arr))
+    forced = c.forced
+    if forced_lengths is not None:
+      self.forced[region * self.r:(region + 1) * self.r] = np.clip(
+          np.asarray(forced_lengths, np.int32), 1, c.m)
+      forced = c.place(self.forced.copy())
+    loop.c = dataclasses.replace(c, key=c.place(key_arr), forced=forced)
     loop.admit_end += self.r
     self.loaded.append((self.rounds, tag))
     self.rounds += 1
@@ -1367,9 +1411,10 @@ def stream(graphdef: nnx.GraphDef, params: nnx.State, next_round, deliver, *,
 
   Args:
     graphdef, params: the policy (parameters already placed for ``mesh``).
-    next_round: ``(block: bool) -> (prompt_tokens [N, P], prompt_mask [N, P], key, tag) |
-      None``: the next round's prompts (every round the same [N, P] shape), its PRNG key
-      and any ``tag`` handed back with its outputs; None for none now. With ``block``
+    next_round: ``(block: bool) -> (prompt_tokens [N, P], prompt_mask [N, P], key, tag
+      [, forced_lengths [N·G]]) | None``: the next round's prompts (every round the same
+      [N, P] shape), its PRNG key, any ``tag`` handed back with its outputs and, for every
+      round or none, ``run``'s ``forced_lengths``; None for none now. With ``block``
       (nothing is decoding) it may wait for one; None then ends the stream. It may raise
       to abandon the stream (the rounds held are lost). With several processes it must
       answer alike on every process.
@@ -1383,48 +1428,25 @@ def stream(graphdef: nnx.GraphDef, params: nnx.State, next_round, deliver, *,
     ``EngineStats`` of the whole stream.
 
   Raises:
-    ValueError: as ``run``; a round's prompts of another shape than the first's.
+    ValueError: as ``run``; a round's prompts of another shape than the first's; forced
+      lengths for some rounds only.
   """
   cfg = nnx.merge(graphdef, params).cfg
   first = next_round(True)
   if first is None:
     return EngineStats()
-  toks, mask, key, tag = first
-  toks, mask = np.asarray(toks), np.asarray(mask, bool)
-  k = ROUNDS_IN_FLIGHT
-  per_round = toks.shape[0] * group_size
-  c = _Call.make(cfg, np.concatenate([toks] * k), np.concatenate([mask] * k), key,
-                 max_new_tokens=max_new_tokens, temperature=temperature, eos_ids=eos_ids,
-                 pad_id=pad_id, top_k=top_k, top_p=top_p, group_size=group_size,
-                 slots=slots or per_round, chunk_steps=chunk_steps, mesh=mesh,
-                 forced_lengths=None, prefill_prompts=prefill_prompts, paged=paged,
-                 page_size=page_size, num_pages=num_pages, attention=attention,
-                 graphdef=graphdef, pipelined=overlap_host_check,
-                 on_weight_swap=on_weight_swap)
-  loop = _HostLoop.start(c, params, version)
-  loop.admit_end, loop.streaming = 0, True
-  rounds = _Stream(loop, per_round, [key] * k)
-  rounds.load(toks, mask, key, tag)
-  ended = False
-
-  def load_next() -> bool:
-    """Loads rounds while every request held is admitted and a region is free (waiting
-    for one when nothing decodes); returns whether the stream has ended."""
-    while rounds.can_load():
-      idle = not loop.pending()  # reads the chunk in flight when the host sees none decoding
-      if idle:
-        rounds.deliver_finished(deliver)
-      nxt = next_round(idle)
-      if nxt is None:
-        return idle
-      rounds.load(*nxt)
-    return False
-
+  rounds = _Stream.start(cfg, graphdef, params, version, first, options=dict(
+      max_new_tokens=max_new_tokens, temperature=temperature, eos_ids=eos_ids,
+      pad_id=pad_id, top_k=top_k, top_p=top_p, group_size=group_size, slots=slots,
+      chunk_steps=chunk_steps, mesh=mesh, prefill_prompts=prefill_prompts, paged=paged,
+      page_size=page_size, num_pages=num_pages, attention=attention,
+      pipelined=overlap_host_check, on_weight_swap=on_weight_swap))
+  loop, ended = rounds.loop, False
   while True:
     # 0. finished rounds out, in order; the next round in once every request held is
     #    admitted (waiting for one when nothing decodes: none then ends the stream)
     rounds.deliver_finished(deliver)
-    ended = ended or load_next()
+    ended = ended or rounds.take(next_round, deliver)
     if not loop.pending():
       rounds.deliver_finished(deliver)
       if ended:
@@ -1436,7 +1458,7 @@ def stream(graphdef: nnx.GraphDef, params: nnx.State, next_round, deliver, *,
     #    when this fill admits the last requests held
     loop.fill_free_slots()
     if not ended and loop.done.any() and rounds.can_load():
-      ended = load_next()
+      ended = rounds.take(next_round, deliver)
       loop.fill_free_slots()
     # 3. the chunk's attention width, and the pages its k steps will write
     width, table_pages = loop.reserve_chunk()

@@ -5,8 +5,11 @@ through the buffer while the trainers learn, and the workers receive new weights
 steps, *during* generation (App. 8.2: one rollout can mix two weight versions). Here
 (``train.mode='async'`` with ``mesh.generator_devices`` W > 0):
 
-* the **generator** thread owns the generator mesh (``parallel.submesh``): it decodes with
-  its own inference copy of the weights and, between decode chunks, swaps in the newest
+* the **generator** thread owns the generator mesh (``parallel.submesh``): it decodes its
+  rounds as one stream through one set of decode slots (``generation.stream_rollouts``,
+  ``engine.stream``: the next round's requests take the slots the round before frees,
+  no barrier between rounds) with its own inference copy of the weights and, between
+  decode chunks, swaps in the newest
   published copy (an in-flight update, as PipelineRL): the decoding slots are re-prefilled
   with it (or keep their caches, ``sampler.on_weight_swap='keep_kv'``) and each token
   records the version that sampled it, so the importance ratio stays per token and a
@@ -95,8 +98,9 @@ class BusyClock:
 
 
 class Generator:
-  """The generator thread: rounds of R rollouts on the generator mesh, weights swapped in
-  flight, finished rounds queued for the learner.
+  """The generator thread: rounds of R rollouts streamed on the generator mesh (the next
+  round starts, rate limiter permitting, while the one before finishes), weights swapped
+  in flight, finished rounds queued for the learner in order.
 
   Args (keyword-only):
     run: the ``build.Run`` (its ``source`` generates on the generator mesh and places the
