@@ -319,7 +319,8 @@ def test_split_run_respects_staleness_and_counts(split_run):
   # do the rounds abandoned mid-way when the run stopped (16 rollouts each, at most
   # engine.ROUNDS_IN_FLIGHT)
   assert ledger["generated_rollouts"] == made
-  assert ledger["lost_in_flight_rollouts"] - (made - inserted) in (0, 16, 32)
+  abandoned = ledger["lost_in_flight_rollouts"] - (made - inserted)
+  assert abandoned % 16 == 0 and 0 <= abandoned <= 16 * engine.ROUNDS_IN_FLIGHT
   # the overlap counts rounds still running or abandoned at the stop, which generate_s (the
   # finished rounds' time) does not: the busy clock above bounds it, not the phase timers
   s = split_run["summary"]
