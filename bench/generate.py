@@ -164,6 +164,19 @@ def lognormal_lengths(rng, n: int, mean: float, cap: int, truncated: float = 0.0
   return np.clip(np.round(rng.lognormal(mu, s, n)), 1, cap).astype(np.int32)
 
 
+def left_padded_prompts(rng, n: int, real: float, width: int, vocab: int, dtype=np.int32):
+  """[n, width] random prompts, left-padded with 0, of normal(real, real/4) real tokens in
+  [4, width], ids in [2, vocab); and their [n, width] bool mask. ``rng``: a
+  ``np.random.RandomState``."""
+  plen = np.clip(rng.normal(real, real / 4, n).round(), 4, width).astype(int)
+  toks = np.zeros((n, width), dtype)
+  mask = np.zeros((n, width), bool)
+  for i, k in enumerate(plen):
+    toks[i, width - k:] = rng.randint(2, vocab, k)
+    mask[i, width - k:] = True
+  return toks, mask
+
+
 def realistic(a) -> int:
   """The ragged-lengths measurement: prints the engine's work ratios, ends with one line."""
   import torch
@@ -182,12 +195,8 @@ def realistic(a) -> int:
   s, g = a.slots, a.group
   n_req = 4 * s
   n_prompts = n_req // g
-  plen = np.clip(rng.normal(real_prompt, real_prompt / 4, n_prompts).round(), 4, width).astype(int)
-  toks = np.zeros((n_prompts, width), np.int64)
-  mask = np.zeros((n_prompts, width), bool)
-  for i, n in enumerate(plen):
-    toks[i, width - n:] = rng.randint(2, a.vocab, n)
-    mask[i, width - n:] = True
+  toks, mask = left_padded_prompts(rng, n_prompts, real_prompt, width, a.vocab, np.int64)
+  plen = mask.sum(1)
   lengths = lognormal_lengths(rng, n_req, mean, cap)
   print(f"lengths: mean {lengths.mean():.1f}, cap {cap}, truncated {np.mean(lengths == cap):.3f}; "
         f"prompts {plen.mean():.1f} real tokens padded to {width}; {n_prompts} prompts x G={g}, "

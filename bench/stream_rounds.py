@@ -120,7 +120,7 @@ def main(argv=None) -> int:
   import numpy as np
   from flax import nnx
 
-  from generate import lognormal_lengths
+  from generate import left_padded_prompts, lognormal_lengths
   from jaxreplay.models import Transformer, TransformerConfig
   from jaxreplay.sampling import engine
 
@@ -132,12 +132,7 @@ def main(argv=None) -> int:
   rng = np.random.RandomState(0)
   rounds = []
   for j in range(a.rounds):
-    plen = np.clip(rng.normal(real, real / 4, n_prompts).round(), 4, width).astype(int)
-    toks = np.zeros((n_prompts, width), np.int32)
-    mask = np.zeros((n_prompts, width), bool)
-    for i, n in enumerate(plen):
-      toks[i, width - n:] = rng.randint(2, cfg.vocab_size, n)
-      mask[i, width - n:] = True
+    toks, mask = left_padded_prompts(rng, n_prompts, real, width, cfg.vocab_size)
     rounds.append((toks, mask, jax.random.key(j), j, lognormal_lengths(rng, a.slots, mean, cap)))
   lengths = np.concatenate([r[4] for r in rounds])
   print(f"{a.rounds} rounds of {a.slots} requests ({n_prompts} prompts x G={a.group}), "
