@@ -6,6 +6,9 @@ Reads finished runs (``WORKDIR/summary.json``, ``WORKDIR/metrics/*.jsonl`` and, 
   python bench/seed_gains.py --arm full='runs/sums_seed*' --arm lora8='runs/sums_lora_seed*' \
       --out bench/results/smollm2_sums_seeds.json
 
+``--previous FILE`` keeps the runs an earlier ``--out`` recorded (more seeds added to the
+same arms later, the first ones' workdirs gone).
+
 For each arm and each grade (greedy / sampled x math reward, strict, lenient): the accuracy
 before and after RL per seed and the gain after - before, its mean over seeds and 95% Student
 t interval (``study.stats.paired``: each seed is its own control). With a second arm: the
@@ -160,15 +163,25 @@ def main(argv=None):
   ap.add_argument("--arm", action="append", required=True,
                   help="NAME=GLOB of run directories (repeat for a second arm)")
   ap.add_argument("--out", default="")
+  ap.add_argument("--previous", default="",
+                  help="an earlier --out JSON: its runs of each arm are kept beside the runs "
+                       "matched now (whose workdirs may be gone); a seed matched now wins")
   args = ap.parse_args(argv)
+  previous = {}
+  if args.previous:
+    with open(args.previous) as f:
+      previous = json.load(f)["runs"]
   arms = {}
   for spec in args.arm:
     name, _, pattern = spec.partition("=")
     dirs = sorted(d for d in glob.glob(pattern) if os.path.exists(os.path.join(d,
                                                                                 "summary.json")))
-    if not dirs:
-      raise SystemExit(f"--arm {spec}: no finished run (a summary.json) matches {pattern!r}")
-    arms[name] = sorted((read_run(d) for d in dirs), key=lambda r: r["seed"])
+    runs = {r["seed"]: r for r in previous.get(name, [])}
+    runs.update((r["seed"], r) for r in map(read_run, dirs))
+    if not runs:
+      raise SystemExit(f"--arm {spec}: no finished run (a summary.json) matches {pattern!r}"
+                       + (f" and {args.previous} has no arm {name!r}" if previous else ""))
+    arms[name] = sorted(runs.values(), key=lambda r: r["seed"])
   result = {"arms": {}, "runs": {n: rs for n, rs in arms.items()}}
   for name, runs in arms.items():
     s = arm_summary(runs)

@@ -76,3 +76,25 @@ def test_an_arm_without_a_finished_run_stops_with_its_pattern(tmp_path):
   bench = load_bench("seed_gains")
   with pytest.raises(SystemExit, match=r"no finished run .* matches '.*none\*'"):
     bench.main(["--arm", f"full={tmp_path}/none*"])
+
+
+def test_previous_runs_are_kept_beside_new_seeds(tmp_path):
+  """``--previous``: an earlier result's runs stay in the arm (their workdirs gone), a seed
+  run again replaces its old record, and the gains cover every seed."""
+  bench = load_bench("seed_gains")
+  steps = [(30.0, 0.0, 0.0)] * 5
+  for seed, a in enumerate([0.25, 0.20]):
+    _run(tmp_path / "old", f"full{seed}", seed, 0.10, a, steps)
+  first = tmp_path / "first.json"
+  bench.main(["--arm", f"full={tmp_path}/old/full*", "--out", str(first)])
+  for seed, a in ((1, 0.30), (2, 0.24)):  # seed 1 again, seed 2 new
+    _run(tmp_path / "new", f"full{seed}", seed, 0.10, a, steps)
+  out = tmp_path / "out.json"
+  bench.main(["--arm", f"full={tmp_path}/new/full*", "--previous", str(first),
+              "--out", str(out)])
+  res = json.loads(out.read_text())
+  assert [r["seed"] for r in res["runs"]["full"]] == [0, 1, 2]
+  gains = res["arms"]["full"]["sampled"]["gain_s"]  # 0.25, 0.30 (new), 0.24 - 0.10
+  assert [round(g, 12) for g in gains] == [0.15, 0.2, 0.14]
+  with pytest.raises(SystemExit, match=r"has no arm 'lora'"):
+    bench.main(["--arm", f"lora={tmp_path}/none*", "--previous", str(first)])
