@@ -1290,6 +1290,12 @@ def _clear_requests(state: SlotState, *, lo: int, hi: int, pad_id: int, mesh) ->
       full_logprobs=reset(state.full_logprobs, 0), versions=reset(state.versions, 0)), mesh)
 
 
+def _typed_key(key) -> jax.Array:
+  """``key`` as a typed PRNG key (a raw uint32 key wrapped with the default implementation)."""
+  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+  return key if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(key)
+
+
 # A stream's round regions: the rounds held at once, the oldest finishing its stragglers.
 # bench/stream_rounds.py (6 rounds, lognormal lengths): 2 left the slots half idle behind a
 # straggler (decode steps 0.61 of one call per round), 4 and 8 both 0.46.
@@ -1312,7 +1318,7 @@ class _Stream:
   def start(cls, cfg, graphdef, params, version: int, first: tuple, options: dict) -> "_Stream":
     """The stream's host loop (``ROUNDS_IN_FLIGHT`` regions of the first round's shape,
     ``options`` as ``_Call.make``'s) with the first round loaded."""
-    toks, mask, key = np.asarray(first[0]), np.asarray(first[1], bool), first[2]
+    toks, mask, key = np.asarray(first[0]), np.asarray(first[1], bool), _typed_key(first[2])
     forced = None if len(first) < 5 or first[4] is None else np.asarray(first[4], np.int32)
     k, per_round = ROUNDS_IN_FLIGHT, toks.shape[0] * options["group_size"]
     c = _Call.make(cfg, np.concatenate([toks] * k), np.concatenate([mask] * k), key,
@@ -1360,8 +1366,7 @@ class _Stream:
     c.aligned[rows], c.plen[rows] = _left_align(toks, mask, c.pad_id, toks.shape[1])
     if c.paged:
       c.worst[rows] = -(-(c.plen[rows].astype(np.int64) + c.m) // c.page_size)
-    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-      key = jax.random.wrap_key_data(key)
+    key = _typed_key(key)
     self.keys[region] = key
     key_arr = jax.random.wrap_key_data(np.stack([np.asarray(multihost.to_host(
         jax.random.key_data(x))) for x in self.keys]), impl=jax.random.key_impl(key))
