@@ -5,6 +5,8 @@ position, samples G completions each, scores them with the task's verifiable rew
 computes the group advantages at generation time (Arnal et al. 2026, §3: advantages are
 fixed when a rollout enters the buffer). It returns what it produced and what it cost as
 values; the caller adds the ``Ledger`` increment and moves the data position.
+``stream_rollouts`` produces round after round the same way from one set of decode slots
+kept full across rounds (the actor–learner split's generator).
 """
 
 from __future__ import annotations
