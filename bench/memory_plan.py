@@ -218,12 +218,11 @@ def _f32_weight_copies(hlo_text: str, params) -> int:
 def _engine_peak(cfg, graphdef, params, mesh, slots, requests, temperature, top_p,
                  count_f32_copies: bool = False) -> dict:
   """The decode engine's largest program (prefill-and-insert, a full-width decode chunk or a
-  weight-swap re-prefill) with ``slots`` rounded up to a multiple of the mesh's batch devices, as the engine does;
-  with ``count_f32_copies`` its ``cpu_f32_weights`` too (``_f32_weight_copies``)."""
-  from jaxreplay.parallel import sharding as sharding_lib
+  weight-swap re-prefill) with ``slots`` rounded up to a multiple of the mesh's batch devices, as the engine does
+  (``engine.lower_programs``); with ``count_f32_copies`` its ``cpu_f32_weights`` too
+  (``_f32_weight_copies``)."""
   from jaxreplay.sampling import engine
-  shards = sharding_lib.batch_shards(mesh)
-  slots = -(-max(1, slots) // shards) * shards
+  slots = max(1, slots)
   progs = engine.lower_programs(
       graphdef, params, slots=slots, prompt_width=cfg.task.prompt_width,
       max_new_tokens=cfg.sampler.max_new_tokens, requests=requests, temperature=temperature,

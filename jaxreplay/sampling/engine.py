@@ -1505,7 +1505,8 @@ def lower_programs(graphdef: nnx.GraphDef, params, *, slots: int, prompt_width: 
 
   Args:
     graphdef, params: the policy; ``params`` may be ``jax.ShapeDtypeStruct`` leaves with
-      shardings. slots: S. prompt_width: P. max_new_tokens: M. requests: R (the output
+      shardings. slots: S, rounded up to a multiple of the mesh's data × fsdp devices as
+      ``run`` rounds it. prompt_width: P. max_new_tokens: M. requests: R (the output
       arrays are [D, R + 1, M]). temperature, top_k, top_p, chunk_steps: as ``run``.
     mesh: optional mesh (the state takes ``_slot_sharding``; with the parameters replicated
       on it, one engine per device, ``engine_replicas``).
@@ -1518,6 +1519,7 @@ def lower_programs(graphdef: nnx.GraphDef, params, *, slots: int, prompt_width: 
   """
   cfg = nnx.merge(graphdef, params).cfg
   capacity = prompt_width + max_new_tokens
+  slots = -(-slots // batch_shards(mesh)) * batch_shards(mesh)  # as ``_Call.make``
   build = functools.partial(init_state, cfg, slots, capacity, requests, max_new_tokens, 0,
                             replicas=engine_replicas(mesh, params))
   state = jax.eval_shape(build)
