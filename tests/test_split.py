@@ -321,10 +321,12 @@ def test_split_run_respects_staleness_and_counts(split_run):
   assert ledger["generated_rollouts"] == made
   abandoned = ledger["lost_in_flight_rollouts"] - (made - inserted)
   assert abandoned % 16 == 0 and 0 <= abandoned <= 16 * engine.ROUNDS_IN_FLIGHT
-  # the overlap counts rounds still running or abandoned at the stop, which generate_s (the
-  # finished rounds' time) does not: the busy clock above bounds it, not the phase timers
   s = split_run["summary"]
   assert 0.0 <= s["both_busy_s"] <= s["wall_seconds"]
+  # generate_s counts the generator's busy time up to each record, the stretch in progress
+  # included (a stream stays busy across rounds): positive from the first step on, growing
+  gen_s = [r["generate_s"] for r in recs]
+  assert gen_s[0] > 0 and gen_s == sorted(gen_s) and gen_s[-1] <= s["wall_seconds"], gen_s
 
 
 def test_split_generator_keeps_its_slots_full_across_rounds(split_run):

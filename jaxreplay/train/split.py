@@ -229,6 +229,11 @@ class Generator:
       self._busy_since = now if busy else None
     self._clock.set("generator", busy, now)
 
+  def busy_seconds(self, now: float) -> float:
+    """Seconds generating so far, the stretch in progress at ``now`` included (a stream
+    stays busy across rounds). Call holding ``cond``."""
+    return self.busy_s + (0.0 if self._busy_since is None else now - self._busy_since)
+
   def _next_round(self, block: bool):
     """``stream_rollouts``'s ``next_round``: may the next round start? With ``block``
     (nothing decodes) it waits until one may; a stop raises ``_Stopped``. Returns the
@@ -386,7 +391,7 @@ def train_split(run, carry: Carry) -> Carry:
       with gen.cond:
         gen.seen = (_int(limiter.inserted), _int(limiter.sampled), _int(buffer.size))
         gen.cond.notify_all()
-        gen_busy, gen_wait, swaps = gen.busy_s, gen.wait_s, gen.swaps
+        gen_busy, gen_wait, swaps = gen.busy_seconds(time.time()), gen.wait_s, gen.swaps
 
       # --- STOP the generator before the last record, so the final checkpoint counts what it
       # had queued or in flight (a resumed run regenerates those prompts) -------------------
