@@ -43,11 +43,14 @@ def get_config():
   # checkpoint directory in model.path (Llama 3 / Qwen2 / Qwen2.5 / Qwen3; see configs/qwen*).
   # scan_layers=True runs the blocks as one lax.scan over stacked parameters (the Qwen presets
   # set it); remat="full" | "dots_saveable" | "dots_no_batch" recomputes each block in the
-  # backward pass (models/transformer.py). Every field: docs/configuration.md.
+  # backward pass (models/transformer.py). attention="auto" runs full sequences through the
+  # platform's fused kernel (cuDNN on GPU, splash on TPU; XLA here), "xla" never
+  # (models/attention.py). Every field: docs/configuration.md.
   c.model = config_dict.ConfigDict(dict(
       source="builtin", path="", dtype="float32", param_dtype="float32",
       vocab_size=300, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32,
       d_ff=384, rope_theta=10_000.0, tie_embeddings=True, scan_layers=False, remat="none",
+      attention="auto",
       # LoRA adapters (Hu et al. 2021): rank > 0 trains only W + (alpha/rank)·A B's A and B
       # on the targeted layers, the rest frozen (models/lora.py); rank 0 is off.
       lora=dict(rank=0, alpha=32.0, dropout=0.0,

@@ -372,7 +372,7 @@ def load_params(source: "str | GGUFFile", cfg: TransformerConfig, *, mesh: Mesh 
 
 def from_pretrained(path: str, *, mesh: Mesh | None = None, rules: Sequence[tuple[str, P]] = PARAM_RULES,
                     dtype: str = "float32", param_dtype: str = "float32", strict: bool = True,
-                    scan_layers: bool = False, remat: str = "none"
+                    scan_layers: bool = False, remat: str = "none", attention: str = "xla"
                     ) -> tuple[TransformerConfig, nnx.GraphDef, nnx.State]:
   """``config_from_gguf`` + ``load_params``: the GGUF counterpart of ``hf.from_pretrained``.
 
@@ -381,7 +381,7 @@ def from_pretrained(path: str, *, mesh: Mesh | None = None, rules: Sequence[tupl
       ``SMOLLM2``).
     mesh, rules, strict: as ``hf.load_params``. dtype / param_dtype: activation and
       parameter dtypes (the float32 dequantized weights are cast to ``param_dtype``).
-    scan_layers, remat: the ``TransformerConfig`` fields of the same names.
+    scan_layers, remat, attention: the ``TransformerConfig`` fields of the same names.
 
   Returns:
     (cfg, graphdef, params); ``nnx.merge(graphdef, params)`` is the model.
@@ -391,7 +391,7 @@ def from_pretrained(path: str, *, mesh: Mesh | None = None, rules: Sequence[tupl
   """
   f = GGUFFile(path)
   cfg = dataclasses.replace(config_from_gguf(f, dtype=dtype, param_dtype=param_dtype),
-                            scan_layers=scan_layers, remat=remat)
+                            scan_layers=scan_layers, remat=remat, attention=attention)
   graphdef, params = load_params(f, cfg, mesh=mesh, rules=rules, strict=strict)
   return cfg, graphdef, params
 

@@ -335,11 +335,11 @@ def place_tensors(files: Mapping[str, Any], cfg: TransformerConfig, *, mesh: Mes
 
 def from_pretrained(path: str, *, mesh: Mesh | None = None, rules: Sequence[tuple[str, P]] = PARAM_RULES,
                     dtype: str = "float32", param_dtype: str = "float32", strict: bool = True,
-                    scan_layers: bool = False, remat: str = "none"
+                    scan_layers: bool = False, remat: str = "none", attention: str = "xla"
                     ) -> tuple[TransformerConfig, nnx.GraphDef, nnx.State]:
   """``config_from_hf`` + ``load_params`` for a Hugging Face checkpoint directory.
 
-  ``scan_layers`` and ``remat`` set the ``TransformerConfig`` fields of the same names
+  ``scan_layers``, ``remat`` and ``attention`` set the ``TransformerConfig`` fields of the same names
   (the checkpoint's per-layer tensors are stacked for the scan layout).
 
   Returns:
@@ -349,7 +349,7 @@ def from_pretrained(path: str, *, mesh: Mesh | None = None, rules: Sequence[tupl
     see ``config_from_hf`` and ``load_params``.
   """
   cfg = dataclasses.replace(config_from_hf(path, dtype=dtype, param_dtype=param_dtype),
-                            scan_layers=scan_layers, remat=remat)
+                            scan_layers=scan_layers, remat=remat, attention=attention)
   graphdef, params = load_params(path, cfg, mesh=mesh, rules=rules, strict=strict)
   return cfg, graphdef, params
 

@@ -11,6 +11,8 @@ MODEL_SOURCES = ("builtin", "hf", "gguf")
 DTYPES = ("float32", "bfloat16")
 # jax.checkpoint policies of a block (models.transformer.remat_policy)
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_no_batch")
+# full-sequence attention settings (models.attention.resolve: the platform's fused kernel)
+ATTENTION_CHOICES = ("auto", "xla", "pallas")
 # TransformerConfig fields that a ModelSpec carries (the architecture of ``builtin``)
 # Linear layers a LoRA adapter may target (``model.lora.targets``), by their name in a block
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -73,8 +75,8 @@ class ModelSpec(Spec):
   """The ``model`` section.
 
   With ``source='hf'`` or ``'gguf'`` the architecture comes from the checkpoint (its
-  ``config.json`` or GGUF metadata) and the size fields here are ignored; ``dtype``, ``param_dtype``, ``scan_layers`` and ``remat``
-  apply to every source.
+  ``config.json`` or GGUF metadata) and the size fields here are ignored; ``dtype``, ``param_dtype``, ``scan_layers``, ``remat``
+  and ``attention`` apply to every source.
 
   Attributes:
     source: where the starting policy comes from, one of ``MODEL_SOURCES``: ``builtin`` (the
@@ -96,6 +98,11 @@ class ModelSpec(Spec):
     scan_layers: run the blocks as one ``lax.scan`` over stacked parameters (compile time
       independent of depth).
     remat: what each block keeps for the backward pass, one of ``REMAT_POLICIES``.
+    attention: the full-sequence attention (learner passes, the sampler's prefill), one of
+      ``ATTENTION_CHOICES``: 'auto' and 'pallas' pick the platform's fused kernel (cuDNN's
+      flash attention on GPU, the Pallas splash kernel on TPU) and XLA elsewhere ('pallas'
+      warns there), 'xla' XLA everywhere; a shape a kernel can't take falls back to XLA
+      with one warning (``models.attention``). Decode attention is ``sampler.attention``.
     lora: the LoRA adapters, the ``model.lora`` sub-section (``LoraSpec``; its fields
       have their own table); ``rank=0``: off, every parameter trains.
   """
@@ -117,6 +124,7 @@ class ModelSpec(Spec):
   tie_embeddings: bool = field(True)
   scan_layers: bool = field(False)
   remat: str = field("none", choices=REMAT_POLICIES)
+  attention: str = field("auto", choices=ATTENTION_CHOICES)
   lora: dict = field(LoraSpec().to_dict())
 
   def check(self):

@@ -13,10 +13,11 @@ caches and calls the blocks' pieces (``Attention.project``, the MLP) itself. The
 into the whole ``[L, B, K, S, E]`` buffer per layer, which XLA performs in place
 inside a ``while_loop``. Keys are stored head-major (K before S): decode attention then
 reads contiguous [S, E] panels per head, about 2x faster on a CPU than [S, K, E].
-Full sequences and prefill attend with ``jax.nn.dot_product_attention`` (its XLA
-implementation: in jax 0.10 ``implementation=None`` selects no cuDNN or splash kernel, so
-the [B, H, T, S] logits are still formed inside XLA's fusion); ``hidden`` also scores packed
-rows of several sequences.
+Full sequences and prefill attend through ``models.attention.causal_attention`` when
+``cfg.attention`` names a fused kernel (cuDNN on GPU, splash on TPU), else with
+``jax.nn.dot_product_attention``'s XLA implementation over a dense mask (the [B, H, T, S]
+logits are formed inside XLA's fusion); ``hidden`` also scores packed rows of several
+sequences.
 
 Shape letters: B batch, T query length, S key/cache length, D model width,
 H query heads, K key/value heads, G = H/K, E head dim, V vocabulary, F MLP width,
@@ -37,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxreplay.models import attention as attention_lib
 from jaxreplay.models import lora
 from jaxreplay.models.spec import REMAT_POLICIES
 from jaxreplay.parallel.sharding import (constrain_batch, constrain_vocab, constrain_whole,
@@ -103,10 +105,13 @@ class TransformerConfig:
       (``blocks/attn/q/kernel`` [L, D, H·E]) and run them with one ``lax.scan``: compile
       time independent of depth. False: a list ``blocks/{i}/...`` run by a Python loop.
     remat: one of ``REMAT_POLICIES``, what each block keeps for the backward pass.
+    attention: the full-sequence attention, one of ``attention.IMPLS`` ('xla', 'cudnn',
+      'splash'; ``models.attention.resolve`` picks it from ``model.attention``): training
+      passes and the sampler's prefill. Decode steps read the KV cache their own way.
 
   Raises (in ``__post_init__``):
     ValueError: n_heads not a multiple of n_kv_heads, odd head_dim, unknown rope type,
-      unknown dtype or remat policy, non-bool scan_layers.
+      unknown dtype, remat policy or attention impl, non-bool scan_layers.
   """
 
   vocab_size: int
@@ -130,9 +135,13 @@ class TransformerConfig:
   scale_tied_logits: bool = True
   scan_layers: bool = False
   remat: str = "none"
+  attention: str = "xla"
 
   def __post_init__(self):
     object.__setattr__(self, "rope_scaling", _freeze(self.rope_scaling))
+    if self.attention not in attention_lib.IMPLS:
+      raise ValueError(f"attention={self.attention!r} is invalid: must be one of "
+                       f"{attention_lib.IMPLS} (model.attention resolves to one of them)")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"model.remat={self.remat!r} is invalid: must be one of {REMAT_POLICIES}")
     if not isinstance(self.scan_layers, bool):
@@ -351,22 +360,32 @@ class Attention(nnx.Module):
              head_major: bool = True) -> jax.Array:
     """Softmax attention (Vaswani et al. 2017, eq. 1) followed by the output projection.
 
-    Runs ``jax.nn.dot_product_attention`` (GQA native; its XLA implementation on every
-    backend, as ``implementation=None`` selects in jax 0.10), which takes keys
-    sequence-major: head-major keys are transposed first. A single query (T = 1, a decode step) instead reads the
-    head-major cache directly with an einsum: its logits are only [B, H, 1, S], and a
-    transpose would copy the whole cache at every step. Logits and softmax in float32.
+    Full sequences (``head_major`` False, ``Block.__call__``) go through
+    ``models.attention.causal_attention`` when ``cfg.attention`` names a fused kernel
+    (cudnn, splash), over segment ids; otherwise, and for cache reads, through
+    ``jax.nn.dot_product_attention`` (GQA native; its XLA implementation, as
+    ``implementation=None`` selects in jax 0.10), which takes keys sequence-major:
+    head-major keys are transposed first. A single query against the cache (T = 1, a
+    decode step) reads the head-major cache directly with an einsum: its logits are only
+    [B, H, 1, S], and a transpose would copy the whole cache at every step. Logits and
+    softmax in float32.
 
     Args:
       q: [B, T, H, E]. k, v: [B, K, S, E] with ``head_major``, else [B, S, K, E].
-      mask: [B, T, S] bool, True where query t may attend to key s.
+      mask: [B, T, S] bool, True where query t may attend to key s; for full sequences
+        with a fused ``cfg.attention``, [B, T] int32 segment ids (``attention.segments``):
+        causal within equal ids.
 
     Returns:
       [B, T, D] in the activation dtype.
     """
     b, t = q.shape[:2]
     c = self.cfg
-    if head_major and t == 1:
+    if not head_major and c.attention != "xla":
+      y = attention_lib.causal_attention(q, k.astype(q.dtype), v.astype(q.dtype),
+                                         impl=c.attention, segment_ids=mask,
+                                         scale=c.head_dim ** -0.5)
+    elif head_major and t == 1:
       g = c.n_heads // c.n_kv_heads
       qg = q.reshape(b, t, c.n_kv_heads, g, c.head_dim)
       logits = jnp.einsum("btkge,bkse->bkgts", qg, k,
@@ -406,7 +425,8 @@ class Block(nnx.Module):
     self.mlp = MLP(cfg, rngs)
 
   def __call__(self, x, positions, mask):
-    """One block over the whole sequence: x [B, T, D] -> [B, T, D]; mask [B, T, T] bool."""
+    """One block over the whole sequence: x [B, T, D] -> [B, T, D]; mask [B, T, T] bool, or
+    [B, T] int32 segment ids with a fused ``cfg.attention`` (``Attention.attend``)."""
     q, k, v = self.attn.project(self.attn_norm(x), positions, head_major=False)
     return self._attend_and_mlp(x, q, k, v, mask, head_major=False)
 
@@ -528,10 +548,13 @@ class Transformer(nnx.Module):
     t = tokens.shape[1]
     if positions is None:
       positions = positions_from_mask(mask)
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    attn_mask = causal[None] & mask[:, None, :]
-    if segment_ids is not None:
-      attn_mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
+    if self.cfg.attention != "xla":  # a fused kernel builds its mask from segment ids
+      attn_mask = attention_lib.segments(mask, segment_ids)
+    else:
+      causal = jnp.tril(jnp.ones((t, t), bool))
+      attn_mask = causal[None] & mask[:, None, :]
+      if segment_ids is not None:
+        attn_mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
     attn_mask, positions = constrain_batch(attn_mask), constrain_batch(positions)
     x = self._embed(tokens)
     remat = self.cfg.remat != "none"

@@ -70,6 +70,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxreplay.models import attention
 from jaxreplay.parallel import multihost
 from jaxreplay.parallel.sharding import BATCH_AXES, batch_sharding, batch_shards, fit_spec
 from jaxreplay.sampling import paged as paging
@@ -257,6 +258,9 @@ def _blocks(model):
 def prefill(model, tokens: jax.Array, lengths: jax.Array):
   """Runs left-aligned prompts through the model once and keeps their keys and values.
 
+  Attention is causal over each prompt's real tokens, through the model's full-sequence
+  attention (``cfg.attention``: XLA, or cuDNN / splash, ``models.attention``).
+
   Args:
     model: a ``models.Transformer``.
     tokens: [N, W] int32 prompts, real tokens at positions 0 .. len-1, padding after.
@@ -272,8 +276,8 @@ def prefill(model, tokens: jax.Array, lengths: jax.Array):
 
   def layer(blk, i, x):
     q, k, v = blk.attn.project(blk.attn_norm(x), positions)  # q [N, W, H, E]; k, v [N, K, W, E]
-    y = jax.nn.dot_product_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-                                     is_causal=True, key_value_seq_lengths=lengths)
+    y = attention.causal_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                                   impl=cfg.attention, lengths=lengths)
     x = x + blk.attn.o(y.reshape(n, w, cfg.n_heads * cfg.head_dim))
     return x + blk.mlp(blk.mlp_norm(x)), (k, v)
 

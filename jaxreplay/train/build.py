@@ -58,7 +58,8 @@ from jaxreplay.train.policy import HFTextIO, TextIO
 from jaxreplay.train.progress import phase
 from jaxreplay.train.spec import (CheckpointSpec, DriftSpec, EvalSpec, RolloutSpec, TrainSpec,
                                   WarmstartSpec)
-from jaxreplay.train.warmstart import base_policy_key, load_or_train_base_policy
+from jaxreplay.train.warmstart import (base_policy_key, load_or_train_base_policy,
+                                       model_attention)
 
 # folded into the run's seed for the LoRA A matrices: a stream of its own
 LORA_KEY = 0x4C6F5241
@@ -210,7 +211,8 @@ def load_policy(model: ModelSpec, task_spec: TaskSpec, warmstart: WarmstartSpec,
       _, graphdef, params = hf_models.from_pretrained(model.path, mesh=mesh, dtype=model.dtype,
                                                       param_dtype=model.param_dtype,
                                                       scan_layers=model.scan_layers,
-                                                      remat=model.remat)
+                                                      remat=model.remat,
+                                                      attention=model_attention(model))
     log(f"loaded {model.path}")
     return io, graphdef, params, {"path": os.path.abspath(model.path), "cached": True}
   if model.source == "gguf":
@@ -220,7 +222,8 @@ def load_policy(model: ModelSpec, task_spec: TaskSpec, warmstart: WarmstartSpec,
       _, graphdef, params = gguf_models.from_pretrained(model.path, mesh=mesh, dtype=model.dtype,
                                                         param_dtype=model.param_dtype,
                                                         scan_layers=model.scan_layers,
-                                                        remat=model.remat)
+                                                        remat=model.remat,
+                                                        attention=model_attention(model))
     log(f"loaded {model.path}")
     return io, graphdef, params, {"path": gguf_models.resolve_gguf_path(model.path),
                                   "cached": True}

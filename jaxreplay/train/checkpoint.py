@@ -440,7 +440,7 @@ BEHAVES_AS_ABSENT = {"rollout.behaviour_logprobs": "sampler", "eval.batch_rows":
                      "sampler.on_weight_swap": "recompute",
                      "algo.pack_sequences": False,
                      # optional model keys before the model spec stated them (absent = off)
-                     "model.scan_layers": False, "model.remat": "none",
+                     "model.scan_layers": False, "model.remat": "none", "model.attention": "auto",
                      # the self-tuning replay section, off, before the trainer had it
                      **{f"auto_replay.{k}": v for k, v in AutoReplaySpec().to_dict().items()},
                      # LoRA, off, before the model section had it (tuples are JSON lists)

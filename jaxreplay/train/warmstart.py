@@ -25,7 +25,7 @@ from etils import epath
 from flax import nnx
 
 from jaxreplay import storage
-from jaxreplay.models import Transformer, TransformerConfig
+from jaxreplay.models import Transformer, TransformerConfig, attention
 from jaxreplay.models.spec import ModelSpec
 from jaxreplay.models.tokenizer import encode_answers
 from jaxreplay.parallel import multihost
@@ -55,13 +55,20 @@ def noisy_answers(answers, noise: float, rng: np.random.Generator) -> list[str]:
   return out
 
 
+def model_attention(model: ModelSpec) -> str:
+  """The ``TransformerConfig.attention`` impl of ``model.attention`` on this process's
+  default backend (``models.attention.resolve``)."""
+  return attention.resolve(ModelSpec.from_config(model).attention, jax.default_backend())
+
+
 def builtin_model_config(model: ModelSpec) -> TransformerConfig:
   """``TransformerConfig`` of the built-in policy of the ``model`` section.
 
   Args:
     model: the ``ModelSpec`` (or a ``model`` mapping).
   """
-  return TransformerConfig(**ModelSpec.from_config(model).architecture())
+  return TransformerConfig(**ModelSpec.from_config(model).architecture(),
+                           attention=model_attention(model))
 
 
 _FILE_DEFAULTS = {"format": "plain", "question_field": "", "answer_field": "", "solution_field": ""}
@@ -86,9 +93,10 @@ def base_policy_key(task: TaskSpec, model: ModelSpec, warmstart: WarmstartSpec,
   task_d = {k: v for k, v in task.to_dict().items()
             if k not in ("reward_timeout_s", "reward_workers")
             and not (k in _FILE_DEFAULTS and v == _FILE_DEFAULTS[k])}
-  # LoRA adapters are added after the warm start: they do not change the base policy.
+  # LoRA adapters are added after the warm start, and the attention impl changes float
+  # rounding only: neither changes the base policy.
   model_d = {k: v for k, v in model.to_dict().items()
-             if k not in ("remat", "lora") and not (k in _MODEL_DEFAULTS and v == _MODEL_DEFAULTS[k])}
+             if k not in ("remat", "lora", "attention") and not (k in _MODEL_DEFAULTS and v == _MODEL_DEFAULTS[k])}
   blob = json.dumps({"task": task_d, "model": model_d,
                      "warmstart": {k: v for k, v in warmstart.to_dict().items()
                                    if k != "cache_dir"},

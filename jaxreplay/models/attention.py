@@ -1,0 +1,238 @@
+"""Causal attention over full sequences: XLA, cuDNN's fused kernel, or TPU splash attention.
+
+Every full-sequence pass of the policy (the learner's scoring of rollouts, packed or not,
+and the sampler's prefill) attends causally within a segment: a query at position t sees
+the keys at positions <= t that carry its segment id. ``causal_attention`` computes that
+softmax attention (Vaswani et al. 2017, eq. 1; grouped-query, query head h reads KV head
+h // G) through one of ``IMPLS``:
+
+- ``"xla"``: ``jax.nn.dot_product_attention`` with a dense [B, 1, T, S] mask (its XLA
+  implementation forms the [B, H, T, S] logits inside a fusion). Runs everywhere; the
+  reference the others are tested against.
+- ``"cudnn"``: ``jax.nn.dot_product_attention(implementation='cudnn')``, cuDNN's fused
+  flash attention (a ``__cudnn$fmha*`` custom call; no [B, H, T, S] array in HBM). With
+  ``lengths`` (one right-padded sequence per row, the prefill) it is cuDNN's
+  padding-causal mask; with ``segment_ids`` (packed rows) jax turns the segment mask into
+  a [B, 1, T, S] additive bias that the kernel reads (the score array stays on chip).
+  Needs a CUDA GPU with cuDNN, bfloat16/float16 inputs and a head size that is a
+  multiple of 8 (at most 128 before Hopper, 256 from Hopper on); jax checks these while
+  tracing, and any refusal falls back to ``"xla"`` with one warning.
+- ``"splash"``: ``jax.experimental.pallas.ops.tpu.splash_attention`` (Mosaic), the TPU
+  flash kernel with segment ids and a causal mask, forward and backward kernels. It runs
+  as one MQA kernel per (row, KV head), G query heads each, inside ``jax.shard_map`` over
+  the batch axes when a context mesh is set (a Mosaic call cannot be partitioned by XLA,
+  so each device runs it on its own rows). Sequences are padded to a multiple of
+  ``SPLASH_BLOCK`` = 128 positions with a segment id no token uses. Lowered for TPU it is
+  the Mosaic kernel; on any other platform (CPU tests) the same kernel runs in Pallas
+  interpret mode (``jax.lax.platform_dependent`` picks at lowering time, so a TPU
+  program can be exported from a CPU host).
+
+The setting (``model.attention``: 'auto' | 'xla' | 'pallas', the same choices as the
+decode option ``sampler.attention``) resolves per platform in ``resolve``: 'auto' and
+'pallas' pick ``cudnn`` on GPU and ``splash`` on TPU, ``xla`` elsewhere ('pallas' warns
+once there).
+
+Shape letters: B rows, T query length, S key length (= T here), H query heads, K KV
+heads, G = H / K, E head size.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import jax
+import jax.numpy as jnp
+
+from jaxreplay.models.spec import ATTENTION_CHOICES as CHOICES
+IMPLS = ("xla", "cudnn", "splash")
+SPLASH_BLOCK = 128  # splash's query/key block (positions); sequences pad to a multiple
+# cuDNN's custom-call targets carry no export compatibility guarantee: exporting a cudnn
+# program (tests, ahead-of-time lowering) must disable jax.export's check for them.
+CUDNN_TARGETS = ("__cudnn$fmhaSoftmax", "__cudnn$fmhaScaleBiasSoftmax",
+                 "__cudnn$fmhaSoftmaxBackward", "__cudnn$fmhaScaleBiasSoftmaxBackward")
+
+logger = logging.getLogger(__name__)
+_WARNED: set = set()
+
+
+def _warn_once(key, msg: str) -> None:
+  if key not in _WARNED:
+    _WARNED.add(key)
+    logger.warning(msg)
+
+
+def resolve(choice: str, platform: str, field: str = "model.attention") -> str:
+  """The full-sequence attention impl for a setting on ``platform``.
+
+  Args:
+    choice: 'auto' | 'xla' | 'pallas'. platform: a jax platform name ('cpu', 'gpu',
+      'cuda', 'rocm', 'tpu'), e.g. ``jax.default_backend()``. field: the setting's name,
+      for messages.
+
+  Returns:
+    one of ``IMPLS``: 'cudnn' on gpu/cuda, 'splash' on tpu for 'auto' and 'pallas';
+    'xla' otherwise ('pallas' then warns once: there is no fused kernel for the platform).
+
+  Raises:
+    ValueError: ``choice`` not in ``CHOICES`` (the message names ``field``).
+  """
+  if choice not in CHOICES:
+    raise ValueError(f"{field} must be one of {', '.join(map(repr, CHOICES))}; got {choice!r}")
+  if choice == "xla":
+    return "xla"
+  impl = {"gpu": "cudnn", "cuda": "cudnn", "tpu": "splash"}.get(platform.lower())
+  if impl is None and choice == "pallas":
+    _warn_once(("resolve", platform, field), f"{field}='pallas' has no fused attention for "
+               f"platform {platform!r}; using the xla attention")
+  return impl or "xla"
+
+
+def segments(mask: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+  """Segment ids of rows whose padding attends to nothing real.
+
+  Args:
+    mask: [B, T] bool, True on real tokens. segment_ids: optional [B, T] int32 >= 0 (one
+      sequence per id, ``rl.packing``); None: one sequence per row.
+
+  Returns:
+    [B, T] int32: ``segment_ids`` (or 1) on real tokens, -1 on padding.
+  """
+  ids = jnp.ones(mask.shape, jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+  return jnp.where(mask, ids, -1)
+
+
+def _xla(q, k, v, segment_ids, lengths, scale):
+  if lengths is not None:
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths,
+                                        scale=scale)
+  t, s = q.shape[1], k.shape[1]
+  mask = jnp.tril(jnp.ones((t, s), bool))[None] & (segment_ids[:, :, None]
+                                                   == segment_ids[:, None, :])
+  return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale)
+
+
+def _cudnn(q, k, v, segment_ids, lengths, scale):
+  if lengths is not None:
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths,
+                                        scale=scale, implementation="cudnn")
+  same = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+  return jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=True, scale=scale,
+                                      implementation="cudnn")
+
+
+def _splash_rows(q, k, v, seg, *, scale: float, interpret: bool):
+  """Splash attention of rows: q [B, T, H, E], k/v [B, T, K, E], seg [B, T] -> [B, T, H, E]."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa
+  b, t, h, e = q.shape
+  kh = k.shape[2]
+  g = h // kh
+  pad = -t % SPLASH_BLOCK
+  if pad:  # padded positions form their own segment: no real query sees them
+    widen = lambda x: jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+    q, k, v = widen(q), widen(k), widen(v)
+    seg = jnp.pad(seg, ((0, 0), (0, pad)), constant_values=jnp.iinfo(jnp.int32).min)
+  tp = t + pad
+  block = next(bs for bs in (512, 256, 128) if tp % bs == 0)
+  sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                        block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                        block_q_dq=block, block_kv_dq=block)
+  mask = sa.MultiHeadMask([sa.CausalMask((tp, tp)) for _ in range(g)])
+  kernel = sa.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+  # the kernel applies no softmax scale: fold it into q in float32
+  qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
+  qs = qs.reshape(b, tp, kh, g, e).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, E]
+  ks, vs = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, E]
+
+  def row(qr, kr, vr, sr):
+    ids = sa.SegmentIds(q=sr, kv=sr)
+    return jax.vmap(lambda qh, kh_, vh: kernel(qh, kh_, vh, segment_ids=ids))(qr, kr, vr)
+
+  out = jax.vmap(row)(qs, ks, vs, seg)  # [B, K, G, T, E]
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, tp, h, e)[:, :t]
+
+
+def _splash(q, k, v, segment_ids, scale):
+  from jaxreplay.parallel.sharding import BATCH_AXES, context_mesh, fit_spec
+  from jax.sharding import PartitionSpec as P
+  kernel = functools.partial(_splash_rows, scale=scale)
+  # Mosaic on TPU; the same kernel interpreted on any other platform (CPU tests)
+  fn = lambda *a: jax.lax.platform_dependent(*a, tpu=functools.partial(kernel, interpret=False),
+                                             default=functools.partial(kernel, interpret=True))
+  mesh = context_mesh()
+  if mesh is not None:  # each device runs the kernel on its own rows
+    rows = lambda x: fit_spec(P(BATCH_AXES), x.shape, mesh)
+    fn = jax.shard_map(fn, mesh=mesh, in_specs=(rows(q), rows(k), rows(v), rows(segment_ids)),
+                       out_specs=rows(q), check_vma=False)
+  return fn(q, k, v, segment_ids)
+
+
+def supports(impl: str, q_shape, dtype) -> str | None:
+  """Why ``impl`` cannot take queries of ``q_shape`` [B, T, H, E] in ``dtype``, or None.
+
+  Only what is known before tracing: cudnn needs bfloat16/float16 and E a multiple of 8
+  at most 256 (jax's own checks while tracing cover the GPU generation and cuDNN's
+  presence); splash needs E a multiple of 64 (its lane tiling, half a TPU lane tile at
+  least). xla takes everything.
+
+  Raises:
+    ValueError: ``impl`` not in ``IMPLS``.
+  """
+  if impl not in IMPLS:
+    raise ValueError(f"attention impl must be one of {IMPLS}, got {impl!r}")
+  e = q_shape[-1]
+  if impl == "cudnn":
+    if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+      return f"cuDNN's fused attention takes bfloat16/float16, not {jnp.dtype(dtype).name}"
+    if e % 8 or e > 256:
+      return f"cuDNN's fused attention needs a head size that is a multiple of 8 <= 256, not {e}"
+  if impl == "splash" and e % 64:
+    return f"splash attention needs a head size that is a multiple of 64, not {e}"
+  return None
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str = "xla",
+                     segment_ids: jax.Array | None = None, lengths: jax.Array | None = None,
+                     scale: float | None = None) -> jax.Array:
+  """Causal softmax attention within segments (Vaswani et al. 2017, eq. 1), grouped-query.
+
+  Query t of row b attends to keys s <= t with ``segment_ids[b, s] == segment_ids[b, t]``
+  (``segments`` builds them from a padding mask), or with ``lengths`` to keys s <= t,
+  s < lengths[b] (right-padded rows). A query with no visible key (only possible on
+  padding) gives an output nobody should read.
+
+  Args:
+    q: [B, T, H, E]. k, v: [B, T, K, E], the same dtype as q; K divides H.
+    impl: one of ``IMPLS`` (see the module docstring); a kernel that cannot take the
+      shapes, dtype or platform runs as 'xla' with one warning.
+    segment_ids: [B, T] int32; exactly one of segment_ids and lengths.
+    lengths: [B] int32 real tokens per row (right padding), each >= 1.
+    scale: logit scale; None means E ** -0.5.
+
+  Returns:
+    [B, T, H, E] in q's dtype.
+
+  Raises:
+    ValueError: an unknown impl, or not exactly one of segment_ids and lengths.
+  """
+  if (segment_ids is None) == (lengths is None):
+    raise ValueError("causal_attention takes exactly one of segment_ids and lengths")
+  reason = supports(impl, q.shape, q.dtype)
+  if reason is not None:
+    _warn_once((impl, q.shape, jnp.dtype(q.dtype).name),
+               f"{impl} attention cannot take q {q.shape} {jnp.dtype(q.dtype).name} ({reason}); "
+               f"using the xla attention")
+    impl = "xla"
+  if impl == "cudnn":
+    try:
+      return _cudnn(q, k, v, segment_ids, lengths, scale)
+    except (NotImplementedError, RuntimeError) as e:  # no cuDNN, or a shape it refuses
+      _warn_once(("cudnn", q.shape, str(e)), f"cudnn attention refused q {q.shape}: {e}; "
+                 f"using the xla attention")
+      impl = "xla"
+  if impl == "splash":
+    if segment_ids is None:
+      segment_ids = jnp.where(jnp.arange(q.shape[1])[None] < lengths[:, None], 1, -1)
+    return _splash(q, k, v, segment_ids.astype(jnp.int32),
+                   q.shape[-1] ** -0.5 if scale is None else float(scale))
+  return _xla(q, k, v, segment_ids, lengths, scale)
