@@ -76,6 +76,7 @@ def test_resolve_picks_the_platform_kernel(caplog):
     TransformerConfig(vocab_size=8, attention="flash")
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("impl", ["xla", "splash"])
 def test_packed_segments_match_a_float64_reference(impl, caplog):
   q, k, v = _qkv()
@@ -91,6 +92,7 @@ def test_packed_segments_match_a_float64_reference(impl, caplog):
   np.testing.assert_allclose(out[real], ref[real], atol=1e-5)
 
 
+@pytest.mark.numerics
 def test_splash_matches_xla_in_bfloat16_and_in_gradients():
   q, k, v = _qkv()
   seg = _packed_segments()
@@ -112,6 +114,7 @@ def test_splash_matches_xla_in_bfloat16_and_in_gradients():
                              atol=3e-2)
 
 
+@pytest.mark.numerics
 def test_prefill_lengths_path_matches_segments():
   q, k, v = _qkv(seed=1)
   lengths = jnp.asarray([200, 37], jnp.int32)
@@ -155,6 +158,7 @@ def _tiny(impl: str) -> Transformer:
   return Transformer(cfg, nnx.Rngs(0))
 
 
+@pytest.mark.numerics
 def test_model_hidden_and_prefill_are_the_same_through_splash():
   ref, fused = _tiny("xla"), _tiny("splash")
   rng = np.random.default_rng(2)
@@ -185,6 +189,7 @@ def test_model_hidden_and_prefill_are_the_same_through_splash():
   np.testing.assert_allclose(np.asarray(vs[:, 0]), np.asarray(vx[:, 0]), atol=1e-4)
 
 
+@pytest.mark.numerics
 def test_splash_runs_per_device_under_the_learner_mesh():
   mesh = sharding.make_mesh(data=-1)
   rows = NamedSharding(mesh, P(sharding.BATCH_AXES))
