@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared GPU check: generation throughput vs Hugging Face with the decode step against
-# the HBM roofline, the engine's ragged-length ratios, and learner-step MFU at Qwen2.5-0.5B
-# shapes in bf16. Runs under the machine's own python3 (JAX with CUDA);
+# the HBM roofline, the engine's ragged-length ratios, learner-step MFU at Qwen2.5-0.5B
+# shapes in bf16 with cuDNN's fused attention and with XLA's, and the attention alone. Runs
+# under the machine's own python3 (JAX with CUDA);
 # falls back to the pinned flax/optax/chex wheels carried in .gpu/wheels if the image's
 # versions cannot import jaxreplay (make them here first, ignored by git:
 # pip download --no-deps -d .gpu/wheels flax==0.12.8 optax==0.2.8 chex==0.1.92), and pass
@@ -23,3 +24,6 @@ timeout 300 python3 bench/generate.py $Q --batch 64 --prompt 128 --new 256 --rou
 timeout 240 python3 bench/generate.py $Q --lengths realistic --scale 0.5 --slots 64 --rounds 2 2>&1 | grep -v Warning | tee $OUT/generate_realistic.txt
 timeout 150 python3 bench/train_step.py --batch 16 --seq 512 2>&1 | tee $OUT/train_step.txt
 timeout 120 python3 bench/train_step.py --batch 32 --seq 512 2>&1 | tail -9 | tee $OUT/train_step_b32.txt
+# the learner's attention: cuDNN's fused kernel ('auto' above) against XLA's, and alone
+timeout 150 python3 bench/train_step.py --batch 16 --seq 512 --attention xla 2>&1 | tail -9 | tee $OUT/train_step_xla.txt
+timeout 120 python3 bench/fused_attention.py 2>&1 | tee $OUT/fused_attention.txt

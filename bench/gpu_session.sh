@@ -8,7 +8,8 @@
 #      HBM roofline (Qwen2.5-0.5B shapes, random weights, bf16; 2 rounds);
 #   3. bench/gpu.sh's learner step and MFU, batch 16 × 512;
 #   4. bench/paged_attention_probe.py: Pallas' GPU paged-attention kernel against a dense
-#      float64 reference;
+#      float64 reference, and bench/fused_attention.py: cuDNN's fused attention against
+#      XLA's at learner widths (forward + backward time, error);
 #   5. the engine's work ratios on ragged lengths (bench/generate.py --lengths realistic, at
 #      1/4 scale, not gpu.sh's 1/2, to fit; on 2026-12-04 it did not finish in 150 s);
 #   6. the learner step at batch 32;
@@ -60,6 +61,7 @@ step generate 130 60 python3 bench/generate.py "${Q[@]}" --batch 64 --prompt 128
   --rounds 2 | grep --line-buffered -v Warning | tee "$OUT/generate.txt"
 step train_step_b16 100 40 python3 bench/train_step.py --batch 16 --seq 512 | tee "$OUT/train_step.txt"
 step paged_attention 60 20 python3 bench/paged_attention_probe.py | tee "$OUT/paged_attention.txt"
+step fused_attention 60 20 python3 bench/fused_attention.py --reps 5 | tee "$OUT/fused_attention.txt"
 step generate_realistic 150 60 python3 bench/generate.py "${Q[@]}" --lengths realistic \
   --scale 0.25 --slots 64 --rounds 2 | grep --line-buffered -v Warning | tee "$OUT/generate_realistic.txt"
 step train_step_b32 70 40 python3 bench/train_step.py --batch 32 --seq 512 | tee "$OUT/train_step_b32.txt"

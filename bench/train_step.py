@@ -15,7 +15,7 @@ the causal attention scores and values (q·k and p·v, forward 2·2·T·H·E/2, 
 backward). Peak: the datasheet's dense bf16 rate (``--peak_tflops``, H100/H200 SXM: 989)
 and, for reference, a matmul rate measured in the same run (8192³ in the compute dtype).
 
-Usage (GPU): python bench/train_step.py [--batch 16 --seq 512 --dtype bfloat16]
+Usage (GPU): python bench/train_step.py [--batch 16 --seq 512 --dtype bfloat16 --attention xla]
           CPU smoke: python bench/train_step.py --tiny
 """
 
@@ -53,6 +53,9 @@ def parse():
                  help="parameter and optimizer-state dtype")
   p.add_argument("--peak_tflops", type=float, default=989.0,
                  help="datasheet dense peak in the compute dtype (H100/H200 SXM bf16: 989)")
+  p.add_argument("--attention", default="auto", choices=["auto", "xla", "pallas"],
+                 help="model.attention: 'auto' is cuDNN's fused attention on a GPU, splash on "
+                      "a TPU, XLA elsewhere (models/attention.py)")
   p.add_argument("--tiny", action="store_true", help="a 2-layer toy model (CPU smoke test)")
   return p.parse_args()
 
@@ -78,7 +81,9 @@ def main():
   a = parse()
   from flax import nnx
 
-  from jaxreplay.models import Transformer
+  import dataclasses
+
+  from jaxreplay.models import Transformer, attention
   from jaxreplay.models.hf import config_from_hf
   from jaxreplay.rl.spec import AlgoSpec
   from jaxreplay.rl.train_step import init_train_state, make_optimizer, make_train_step
@@ -86,6 +91,7 @@ def main():
 
   hf = TINY if a.tiny else QWEN25_05B
   cfg = config_from_hf(hf, dtype=a.dtype, param_dtype=a.param_dtype)
+  cfg = dataclasses.replace(cfg, attention=attention.resolve(a.attention, jax.default_backend()))
   graphdef, params = nnx.split(Transformer(cfg, nnx.Rngs(0)), nnx.Param)
   # PPO-clip, GRPO advantages, token-mean aggregation; Adam at a constant 1e-6
   spec = AlgoSpec(lr=1e-6, warmup_steps=0, lr_schedule="constant")
@@ -139,7 +145,7 @@ def main():
   print(f"model: {hf['model_type']} {cfg.n_layers} layers × {cfg.d_model}, heads "
         f"{cfg.n_heads}/{cfg.n_kv_heads}, ffn {cfg.d_ff}, vocab {cfg.vocab_size}, "
         f"{n_params / 1e6:.1f}M params ({n_matmul / 1e6:.1f}M in matmuls); params "
-        f"{a.param_dtype}, compute {a.dtype}")
+        f"{a.param_dtype}, compute {a.dtype}; attention {cfg.attention}")
   print(f"batch {b} × {t} tokens ({t - p} completion); PPO-clip + AdamW; warm-up "
         f"(2 calls incl. compile) {warm_s:.1f}s; loss {loss:.4f}")
   print()

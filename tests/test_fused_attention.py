@@ -137,7 +137,7 @@ def test_unsupported_shapes_fall_back_to_xla_once(caplog):
     attention.causal_attention(q, k, v, impl="cudnn", segment_ids=seg)
     qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
     attention.causal_attention(qb, kb, vb, impl="cudnn", segment_ids=seg)
-    # splash needs a head size that is a multiple of 64
+    # splash is used for head sizes that are a multiple of 64
     small = attention.causal_attention(q[..., :32], k[..., :32], v[..., :32], impl="splash",
                                        segment_ids=seg)
   msgs = [r.getMessage() for r in _ours(caplog)]

@@ -172,8 +172,9 @@ def supports(impl: str, q_shape, dtype) -> str | None:
 
   Only what is known before tracing: cudnn needs bfloat16/float16 and E a multiple of 8
   at most 256 (jax's own checks while tracing cover the GPU generation and cuDNN's
-  presence); splash needs E a multiple of 64 (its lane tiling, half a TPU lane tile at
-  least). xla takes everything.
+  presence); splash is given E a multiple of 64 only (the presets' 64 and 128: half and
+  one TPU lane tile; smaller head sizes lower too, but only a TPU's Mosaic compiler could
+  say whether they compile). xla takes everything.
 
   Raises:
     ValueError: ``impl`` not in ``IMPLS``.
@@ -187,7 +188,7 @@ def supports(impl: str, q_shape, dtype) -> str | None:
     if e % 8 or e > 256:
       return f"cuDNN's fused attention needs a head size that is a multiple of 8 <= 256, not {e}"
   if impl == "splash" and e % 64:
-    return f"splash attention needs a head size that is a multiple of 64, not {e}"
+    return f"splash attention is used for head sizes that are a multiple of 64, not {e}"
   return None
 
 
