@@ -22,6 +22,10 @@ fi
 Q="--layers 24 --hidden 896 --heads 14 --kv_heads 2 --ffn 4864 --vocab 151936 --dtype bfloat16"
 timeout 300 python3 bench/generate.py $Q --batch 64 --prompt 128 --new 256 --rounds 3 2>&1 | grep -v Warning | tee $OUT/generate.txt
 timeout 240 python3 bench/generate.py $Q --lengths realistic --scale 0.5 --slots 64 --rounds 2 2>&1 | grep -v Warning | tee $OUT/generate_realistic.txt
+# the paged KV cache with JAX's Pallas (Triton) paged-attention kernel (sampler.attention='auto'):
+# decode tokens/s and the decode step against the HBM roofline, then the ragged work ratios
+timeout 240 python3 bench/generate.py $Q --batch 64 --prompt 128 --new 256 --rounds 3 --paged on --skip_hf 2>&1 | grep -v Warning | tee $OUT/generate_paged.txt
+timeout 300 python3 bench/generate.py $Q --lengths realistic --scale 0.5 --slots 64 --rounds 2 --paged both 2>&1 | grep -v Warning | tee $OUT/generate_realistic_paged.txt
 timeout 150 python3 bench/train_step.py --batch 16 --seq 512 2>&1 | tee $OUT/train_step.txt
 timeout 120 python3 bench/train_step.py --batch 32 --seq 512 2>&1 | tail -9 | tee $OUT/train_step_b32.txt
 # the learner's attention: cuDNN's fused kernel ('auto' above) against XLA's, and alone

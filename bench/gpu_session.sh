@@ -6,7 +6,9 @@
 #      checkpoints every 10) and its summary;
 #   2. bench/gpu.sh's generation throughput vs Hugging Face and the decode step against the
 #      HBM roofline (Qwen2.5-0.5B shapes, random weights, bf16; 2 rounds);
-#   3. bench/gpu.sh's learner step and MFU, batch 16 × 512;
+#   3. the same generation on the paged KV cache with the Pallas (Triton) paged-attention
+#      kernel (decode tokens/s, decode step against the HBM roofline); bench/gpu.sh's
+#      learner step and MFU, batch 16 × 512 (cuDNN's fused attention);
 #   4. bench/paged_attention_probe.py: Pallas' GPU paged-attention kernel against a dense
 #      float64 reference, and bench/fused_attention.py: cuDNN's fused attention against
 #      XLA's at learner widths (forward + backward time, error);
@@ -23,7 +25,7 @@
 # .gpu/src (built there, else a stub: chain_sum never calls it), and the pinned
 # flax/optax/chex/orbax-checkpoint in .gpu/wheels, used only where the image's version is
 # outside pyproject's range or jaxreplay does not import. Pass carry=[".gpu"] to the device
-# tool. Writes its logs to ${OUT:-/tmp} (at most 8 files).
+# tool. Writes its logs to ${OUT:-/tmp} (9 files).
 set -uo pipefail
 OUT=${OUT:-/tmp}
 BUDGET_S=${BUDGET_S:-450}
@@ -59,6 +61,8 @@ PY
 Q=(--layers 24 --hidden 896 --heads 14 --kv_heads 2 --ffn 4864 --vocab 151936 --dtype bfloat16)
 step generate 130 60 python3 bench/generate.py "${Q[@]}" --batch 64 --prompt 128 --new 256 \
   --rounds 2 | grep --line-buffered -v Warning | tee "$OUT/generate.txt"
+step generate_paged 100 40 python3 bench/generate.py "${Q[@]}" --batch 64 --prompt 128 --new 256 \
+  --rounds 2 --paged on --skip_hf | grep --line-buffered -v Warning | tee "$OUT/generate_paged.txt"
 step train_step_b16 100 40 python3 bench/train_step.py --batch 16 --seq 512 | tee "$OUT/train_step.txt"
 step paged_attention 60 20 python3 bench/paged_attention_probe.py | tee "$OUT/paged_attention.txt"
 step fused_attention 60 20 python3 bench/fused_attention.py --reps 5 | tee "$OUT/fused_attention.txt"
