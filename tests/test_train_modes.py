@@ -277,3 +277,34 @@ def test_a_stalled_async_run_stops_with_one_line(cache_dir, tmp_path):
   last = out.stderr.strip().splitlines()[-1]
   assert last.startswith("jaxreplay: async mode: no batch became available in 0 s"), last
   assert "check buffer.max_staleness" in last
+
+
+@pytest.mark.slow
+def test_paged_sampler_returns_every_page_and_resumes_exactly(cache_dir, tmp_path, monkeypatch):
+  """sampler.paged: rollouts and evaluations decode on the paged cache, after every engine
+  call the page pool is empty again, and 2 steps + resume + 2 equal 4 steps."""
+  from jaxreplay.sampling import engine, paged
+  pools = []
+  real_run = engine.run
+
+  def run_and_keep_pool(*a, **kw):
+    out = real_run(*a, **kw)
+    pools.append((kw.get("paged"), np.asarray(a[2]).shape, out[-1].pool))
+    return out
+
+  monkeypatch.setattr(engine, "run", run_and_keep_pool)
+  kw = {"sampler.paged": True, "sampler.page_size": 8, "train.steps": 4, "eval.every": 2,
+        "checkpoint.every": 2, "drift.every": 2}
+  run(tiny_config(tmp_path / "a", cache_dir, **kw), log=_quiet)
+  a = read_metrics(tmp_path / "a")
+  # 5 rollout rounds (step 0 draws two: B = 2R), 3 evaluations (steps 0, 2, 4) of a greedy
+  # and a sampled call each: every one on the paged cache
+  assert [p for p, _, _ in pools].count(True) == 11 == len(pools)
+  for _, _, pool in pools:
+    paged.check_pool(pool)
+    assert pool.num_free == pool.refcount.shape[0] and not pool.mapped.any()
+  run(tiny_config(tmp_path / "c", cache_dir, **{**kw, "train.steps": 2}), log=_quiet)
+  logs = []
+  run(tiny_config(tmp_path / "c", cache_dir, **kw), log=logs.append)
+  assert any("resumed" in str(m) and "step 2" in str(m) for m in logs)
+  assert _strip(read_metrics(tmp_path / "c")) == _strip(a)

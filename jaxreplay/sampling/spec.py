@@ -28,9 +28,12 @@ class SamplingSpec(Spec):
     paged: the engine keeps its KV cache in a pool of pages (``sampling.paged``): a group's
       prompt pages are shared by its G samples and a slot holds only the pages it has
       filled; False keeps one contiguous cache of prompt width + max_new_tokens per slot.
+      The held-out evaluation decodes on the same kind of cache (with its own slots,
+      ``eval.batch_rows``).
     page_size: >= 1, positions per page of the paged cache.
     num_pages: >= 0, pages in the paged pool (0 = enough for every slot at full length); a
       smaller pool admits fewer requests at once (each waits until its full length fits).
+      The evaluation's pool has the same size.
     attention: the paged decode attention: 'xla' (a gather of the slot's pages), 'pallas'
       (JAX's Pallas paged-attention kernel of the GPU or TPU, the xla path elsewhere or for
       shapes it cannot take) or 'auto' (the kernel on GPU/TPU, xla on CPU).

@@ -405,7 +405,9 @@ def _evaluate_fn(c: RunConfig, graphdef, io, task, mesh, score_rows: int):
                            top_k=held_out.top_k, top_p=held_out.top_p,
                            chunk=c.eval.batch_rows, mesh=mesh,
                            logprob_chunk=c.algo.logprob_chunk, score_rows=score_rows,
-                           pack=c.algo.pack_sequences)
+                           pack=c.algo.pack_sequences, paged=c.sampler.paged,
+                           page_size=c.sampler.page_size, num_pages=c.sampler.num_pages,
+                           attention=c.sampler.attention)
 
 
 def _train_state(c: RunConfig, graphdef, params, optimizer, mesh):

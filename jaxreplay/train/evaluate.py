@@ -100,7 +100,8 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
              chunk: int = 1024, correct_threshold: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, mesh=None, logprob_chunk: int = 0,
              score_rows: int = 0, pack: bool = False, record: Sequence[int] = (),
-             progress=None) -> dict[str, Any]:
+             progress=None, paged: bool = False, page_size: int = 16, num_pages: int = 0,
+             attention: str = "auto") -> dict[str, Any]:
   """Held-out accuracy: greedy (temperature 0) and sampled at ``temperature``, with pass@k.
 
   Rewards go through ``policy.score``: the task's scorer, with the same timeout and worker
@@ -137,6 +138,9 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
     progress: optional progress bar (``tqdm``-like: ``total``, ``update(n)``, ``refresh()``):
       its total is set to an estimate of both passes' decode chunks and it advances by one
       before each chunk (the engine's ``weights`` hook, which swaps nothing here).
+    paged, page_size, num_pages, attention: the engine's KV cache, as the rollouts'
+      (``sampler.paged``, ``sampler.page_size``, ``sampler.num_pages``,
+      ``sampler.attention``; ``sampling.generate``).
 
   Returns:
     {"acc_greedy", "acc_sampled" (= mean reward of the sampled pass), "len_sampled"
@@ -171,7 +175,8 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
     toks, mask, _ = io.prompts(list(examples))
     g = generate(graphdef, params, toks, mask, k, max_new_tokens=max_new_tokens,
                  temperature=temp, top_k=tk, top_p=tp, eos_ids=io.eos_ids, pad_id=io.pad_id,
-                 mesh=mesh, group_size=group, slots=chunk, weights=tick)
+                 mesh=mesh, group_size=group, slots=chunk, weights=tick, paged=paged,
+                 page_size=page_size, num_pages=num_pages, attention=attention)
     out = multihost.to_host({"tokens": g.tokens, "mask": g.mask, "length": g.length})
     rows = [e for e in examples for _ in range(group)]
     texts = io.decode(out["tokens"], out["mask"])
