@@ -263,3 +263,63 @@ def test_exported_programs_hold_the_fused_kernels_and_no_score_array(monkeypatch
   # export refuses cuDNN's calls without the disabled checks (no compatibility guarantee)
   with pytest.raises(ValueError, match="no compatibility guarantees"):
     _export_learner_attention("cudnn", "cuda", lengths=True)
+
+
+def test_splash_runs_per_device_in_jits_without_a_context_mesh():
+  """The sampler's prefill (engine._insert) and the learner-side scorers run over a mesh
+  without ``jax.set_mesh``: given the mesh (``kernel_mesh``), the TPU program splits the
+  Mosaic kernel per device; without it XLA refuses to partition the kernel."""
+  cfg = TransformerConfig(vocab_size=32, d_model=64, n_layers=1, n_heads=2, n_kv_heads=1,
+                          head_dim=64, d_ff=64, attention="splash")
+  graphdef, params = nnx.split(Transformer(cfg, nnx.Rngs(0)))
+  mesh = sharding.make_mesh(data=-1)
+  rows, whole = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+  sd = jax.ShapeDtypeStruct
+  args = (jax.tree.map(lambda x: sd(x.shape, x.dtype, sharding=whole), params),
+          sd((8, 128), jnp.int32, sharding=rows), sd((8,), jnp.int32, sharding=rows))
+
+  def export(with_mesh):
+    f = lambda p, t, n: engine.prefill(nnx.merge(graphdef, p), t, n,
+                                       mesh if with_mesh else None)[2]
+    return jax.export.export(jax.jit(f), platforms=["tpu"])(*args).mlir_module()
+
+  tpu = export(True)
+  assert "tpu_custom_call" in tpu and "sdy.manual_computation" in tpu
+  with pytest.raises(NotImplementedError, match="cannot be automatically partitioned"):
+    export(False)
+  # a wrapped learner-side function: the same, through with_kernel_mesh
+  score = lambda p, t, n: nnx.merge(graphdef, p).hidden(t, jnp.arange(128)[None] < n[:, None])
+  wrapped = attention.with_kernel_mesh(
+      lambda *a: jax.export.export(jax.jit(score), platforms=["tpu"])(*a).mlir_module(), mesh)
+  assert "sdy.manual_computation" in wrapped(*args)
+  assert attention.with_kernel_mesh(score, None) is score
+
+
+@pytest.mark.numerics
+def test_splash_splits_heads_over_the_tensor_axis():
+  mesh = sharding.make_mesh(data=2, tensor=4)
+  rng = np.random.default_rng(4)
+  q = jnp.asarray(rng.standard_normal((4, 130, 8, E)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((4, 130, 4, E)), jnp.float32) for _ in range(2))
+  seg = jnp.asarray(np.where(np.arange(130) < 100, 3, -7)[None].repeat(4, 0).astype(np.int32))
+  f = jax.jit(lambda *a: attention.causal_attention(*a[:3], impl="splash", segment_ids=a[3]))
+  with jax.set_mesh(mesh):
+    out = f(q, k, v, seg)
+    hlo = f.lower(q, k, v, seg).as_text()
+  ref = attention.causal_attention(q, k, v, impl="xla", segment_ids=seg)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5)
+  # each device holds 2 of the 8 query heads and 1 of the 4 KV heads
+  assert re.search(r"manual_computation.*tensor<2x130x2x64xf32>", hlo, re.S)
+
+
+@pytest.mark.numerics
+def test_padding_is_a_segment_no_real_token_has():
+  """Real tokens with segment id -1 (any id but int32's minimum) never see padding."""
+  ref, fused = _tiny("xla"), _tiny("splash")
+  tokens = jnp.asarray(np.random.default_rng(5).integers(1, 64, (1, 40)), jnp.int32)
+  mask = jnp.asarray(np.arange(40) >= 4)[None]  # 4 left-padding positions
+  seg = jnp.full((1, 40), -1, jnp.int32)
+  positions = jnp.maximum(jnp.arange(40) - 4, 0)[None].astype(jnp.int32)
+  hx = ref.hidden(tokens, mask, seg, positions)
+  hs = fused.hidden(tokens, mask, seg, positions)
+  np.testing.assert_allclose(np.asarray(hs)[0, 4:], np.asarray(hx)[0, 4:], atol=1e-4)

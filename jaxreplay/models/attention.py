@@ -19,9 +19,13 @@ h // G) through one of ``IMPLS``:
   tracing, and any refusal falls back to ``"xla"`` with one warning.
 - ``"splash"``: ``jax.experimental.pallas.ops.tpu.splash_attention`` (Mosaic), the TPU
   flash kernel with segment ids and a causal mask, forward and backward kernels. It runs
-  as one MQA kernel per (row, KV head), G query heads each, inside ``jax.shard_map`` over
-  the batch axes when a context mesh is set (a Mosaic call cannot be partitioned by XLA,
-  so each device runs it on its own rows). Sequences are padded to a multiple of
+  as one MQA kernel per (row, KV head), G query heads each. XLA cannot partition a Mosaic
+  call, so over several devices each device runs the kernel on its own rows inside
+  ``jax.shard_map`` over the batch axes (and ``tensor`` over heads, where it divides the
+  KV heads) of the mesh in scope: the context mesh
+  (``jax.set_mesh``, the learner's jits), else the one ``kernel_mesh`` names (the
+  sampler's prefill, the drift, noise, record and evaluation scorers, the warm start);
+  inside an all-manual ``shard_map`` (per-device code) it is called directly. Sequences are padded to a multiple of
   ``SPLASH_BLOCK`` = 128 positions with a segment id no token uses. Lowered for TPU it is
   the Mosaic kernel; on any other platform (CPU tests) the same kernel runs in Pallas
   interpret mode (``jax.lax.platform_dependent`` picks at lowering time, so a TPU
@@ -38,6 +42,8 @@ heads, G = H / K, E head size.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 
@@ -54,6 +60,43 @@ CUDNN_TARGETS = ("__cudnn$fmhaSoftmax", "__cudnn$fmhaScaleBiasSoftmax",
 
 logger = logging.getLogger(__name__)
 _WARNED: set = set()
+# The mesh whose batch axes split the rows of splash attention traced without a context
+# mesh (``kernel_mesh``); read while tracing.
+_KERNEL_MESH: contextvars.ContextVar = contextvars.ContextVar("kernel_mesh", default=None)
+
+
+@contextlib.contextmanager
+def kernel_mesh(mesh):
+  """Within: splash attention traced without a context mesh splits its rows over ``mesh``.
+
+  For jits whose inputs are split over a mesh but that set no ``jax.set_mesh`` (which
+  would also switch on the model's FSDP layout constraints): XLA cannot partition the
+  Mosaic kernel, so it needs the mesh to run it per device. Enter it around the call (or
+  inside the traced function): it is read while tracing. No effect on the xla and cudnn
+  impls, nor with ``mesh`` None.
+
+  Args:
+    mesh: a ``jax.sharding.Mesh`` with the batch axes (``parallel.sharding.BATCH_AXES``),
+      or None.
+  """
+  token = _KERNEL_MESH.set(mesh)
+  try:
+    yield
+  finally:
+    _KERNEL_MESH.reset(token)
+
+
+def with_kernel_mesh(fn, mesh):
+  """``fn`` called within ``kernel_mesh(mesh)`` (``fn`` itself when ``mesh`` is None)."""
+  if fn is None or mesh is None:
+    return fn
+
+  @functools.wraps(fn)
+  def call(*args, **kwargs):
+    with kernel_mesh(mesh):
+      return fn(*args, **kwargs)
+
+  return call
 
 
 def _warn_once(key, msg: str) -> None:
@@ -88,18 +131,22 @@ def resolve(choice: str, platform: str, field: str = "model.attention") -> str:
   return impl or "xla"
 
 
+PAD_SEGMENT = -(2 ** 31)  # the segment of padding: int32's minimum, no real token's id
+
+
 def segments(mask: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
   """Segment ids of rows whose padding attends to nothing real.
 
   Args:
-    mask: [B, T] bool, True on real tokens. segment_ids: optional [B, T] int32 >= 0 (one
-      sequence per id, ``rl.packing``); None: one sequence per row.
+    mask: [B, T] bool, True on real tokens. segment_ids: optional [B, T] int32, one
+      sequence per id (``rl.packing``), any values above ``PAD_SEGMENT``; None: one
+      sequence per row.
 
   Returns:
-    [B, T] int32: ``segment_ids`` (or 1) on real tokens, -1 on padding.
+    [B, T] int32: ``segment_ids`` (or 1) on real tokens, ``PAD_SEGMENT`` on padding.
   """
   ids = jnp.ones(mask.shape, jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
-  return jnp.where(mask, ids, -1)
+  return jnp.where(mask, ids, PAD_SEGMENT)
 
 
 def _xla(q, k, v, segment_ids, lengths, scale):
@@ -131,7 +178,7 @@ def _splash_rows(q, k, v, seg, *, scale: float, interpret: bool):
   if pad:  # padded positions form their own segment: no real query sees them
     widen = lambda x: jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
     q, k, v = widen(q), widen(k), widen(v)
-    seg = jnp.pad(seg, ((0, 0), (0, pad)), constant_values=jnp.iinfo(jnp.int32).min)
+    seg = jnp.pad(seg, ((0, 0), (0, pad)), constant_values=PAD_SEGMENT)
   tp = t + pad
   block = next(bs for bs in (512, 256, 128) if tp % bs == 0)
   sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
@@ -159,11 +206,18 @@ def _splash(q, k, v, segment_ids, scale):
   # Mosaic on TPU; the same kernel interpreted on any other platform (CPU tests)
   fn = lambda *a: jax.lax.platform_dependent(*a, tpu=functools.partial(kernel, interpret=False),
                                              default=functools.partial(kernel, interpret=True))
-  mesh = context_mesh()
-  if mesh is not None:  # each device runs the kernel on its own rows
-    rows = lambda x: fit_spec(P(BATCH_AXES), x.shape, mesh)
-    fn = jax.shard_map(fn, mesh=mesh, in_specs=(rows(q), rows(k), rows(v), rows(segment_ids)),
-                       out_specs=rows(q), check_vma=False)
+  current = jax.sharding.get_abstract_mesh()
+  if not current.empty and current.are_all_axes_manual:  # per-device code already
+    return fn(q, k, v, segment_ids)
+  mesh = context_mesh() or _KERNEL_MESH.get()
+  if mesh is not None and mesh.size > 1:  # each device runs the kernel on its own rows
+    # and, where the KV heads split evenly over ``tensor``, on its own heads
+    tp = dict(zip(mesh.axis_names, mesh.axis_sizes)).get("tensor", 1)
+    heads = "tensor" if tp > 1 and k.shape[2] % tp == 0 else None
+    spec = lambda x: fit_spec(P(BATCH_AXES, None, heads), x.shape, mesh)
+    seg = fit_spec(P(BATCH_AXES), segment_ids.shape, mesh)
+    fn = jax.shard_map(fn, mesh=mesh, in_specs=(spec(q), spec(k), spec(v), seg),
+                       out_specs=spec(q), check_vma=False)
   return fn(q, k, v, segment_ids)
 
 
@@ -233,7 +287,7 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str = "x
       impl = "xla"
   if impl == "splash":
     if segment_ids is None:
-      segment_ids = jnp.where(jnp.arange(q.shape[1])[None] < lengths[:, None], 1, -1)
+      segment_ids = jnp.where(jnp.arange(q.shape[1])[None] < lengths[:, None], 1, PAD_SEGMENT)
     return _splash(q, k, v, segment_ids.astype(jnp.int32),
                    q.shape[-1] ** -0.5 if scale is None else float(scale))
   return _xla(q, k, v, segment_ids, lengths, scale)

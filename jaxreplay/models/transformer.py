@@ -610,8 +610,9 @@ class Transformer(nnx.Module):
 
     Args:
       tokens: [B, T] int32. mask: [B, T] bool, True on real tokens (as ``__call__``).
-      segment_ids: optional [B, T] int32 segment of each token (any values; equal values
-        attend to each other, so padding may share one id that no real token uses).
+      segment_ids: optional [B, T] int32 segment of each token (any values above
+        int32's minimum, ``attention.PAD_SEGMENT``; equal values attend to each other, so
+        padding may share one id that no real token uses).
         None: one sequence per row.
       positions: optional [B, T] int32 RoPE position ids; default
         ``positions_from_mask(mask)`` (right for one sequence per row, not for packed rows).

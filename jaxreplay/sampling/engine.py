@@ -255,14 +255,15 @@ def _blocks(model):
   return over
 
 
-def prefill(model, tokens: jax.Array, lengths: jax.Array):
+def prefill(model, tokens: jax.Array, lengths: jax.Array, mesh: Mesh | None = None):
   """Runs left-aligned prompts through the model once and keeps their keys and values.
 
   Attention is causal over each prompt's real tokens, through the model's full-sequence
   attention (``cfg.attention``: XLA, or cuDNN / splash, ``models.attention``).
 
   Args:
-    model: a ``models.Transformer``.
+    model: a ``models.Transformer``. mesh: the mesh the prompt rows are split over, if
+      any (a splash kernel then runs per device, ``attention.kernel_mesh``).
     tokens: [N, W] int32 prompts, real tokens at positions 0 .. len-1, padding after.
     lengths: [N] int32 real lengths, >= 1.
 
@@ -281,7 +282,8 @@ def prefill(model, tokens: jax.Array, lengths: jax.Array):
     x = x + blk.attn.o(y.reshape(n, w, cfg.n_heads * cfg.head_dim))
     return x + blk.mlp(blk.mlp_norm(x)), (k, v)
 
-  x, (k, v) = _blocks(model)(layer, model._embed(tokens))
+  with attention.kernel_mesh(mesh):
+    x, (k, v) = _blocks(model)(layer, model._embed(tokens))
   last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)  # [N, 1, D]
   return k, v, model.project_logits(model.final_norm(last))[:, 0]
 
@@ -436,7 +438,7 @@ def _insert(graphdef, params, state: SlotState, prompts, prompt_len, fill, sourc
   A paged state instead takes ``writes`` (``_write_pages``: each prompt's shared pages
   once, each slot's private last prompt page)."""
   model = nnx.merge(graphdef, params)
-  k, v, logits = prefill(model, prompts, prompt_len)
+  k, v, logits = prefill(model, prompts, prompt_len, mesh)
   w = prompts.shape[1]
   sharding = None if mesh is None else _slot_sharding(mesh, state)
   if state.paged:
@@ -677,7 +679,7 @@ def _refresh(graphdef, params, state: SlotState, writes=None, version=None, *, w
   if state.paged:
     keep = lambda new, old, axis: jnp.where(
         live.reshape((-1,) + (1,) * (old.ndim - axis - 1)), new.astype(old.dtype), old)
-    k, v, logits = prefill(model, state.seq[:, :width], lengths)
+    k, v, logits = prefill(model, state.seq[:, :width], lengths, mesh)
     state = state.replace(k=_write_pages(state.k, k, writes), v=_write_pages(state.v, v, writes),
                           last_logits=keep(logits, state.last_logits, 0))
     return _constrain(state, mesh)
@@ -693,7 +695,7 @@ def _refresh(graphdef, params, state: SlotState, writes=None, version=None, *, w
 
   def block(carry, j):
     ck, cv, last = carry
-    k, v, logits = prefill(model, rows(state.seq[:, :width], j), rows(lengths, j))
+    k, v, logits = prefill(model, rows(state.seq[:, :width], j), rows(lengths, j), mesh)
 
     def at(c, new):  # new [L, D·g, K, width, E] into c at slots j·g of every device
       # Finished slots are rewritten too: no later step reads their cache (an insert

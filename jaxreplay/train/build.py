@@ -24,6 +24,7 @@ from flax import nnx
 
 from jaxreplay import replay, storage
 from jaxreplay.config import RunConfig
+from jaxreplay.models import attention
 from jaxreplay.models import hf as hf_models
 from jaxreplay.models import lora as lora_lib
 from jaxreplay.models.hf_tokenizer import HFTokenizer
@@ -466,10 +467,14 @@ def _learner_fns(c: RunConfig, graphdef, optimizer, rb, cost, mesh, state_sh, bu
                       learner_step=learner_step,
                       ready=lambda buffer, version: bool(multihost.to_host(ready(buffer,
                                                                                  version))),
-                      drift=drift_fn, noise=noise_fn,
-                      trained=samples_lib.make_trained_fn(
+                      # scorers over the learner's mesh without its context mesh: a splash
+                      # kernel in them runs per device (attention.kernel_mesh)
+                      drift=attention.with_kernel_mesh(drift_fn, mesh),
+                      noise=attention.with_kernel_mesh(noise_fn, mesh),
+                      trained=attention.with_kernel_mesh(samples_lib.make_trained_fn(
                           graphdef, rb, c.log.record_rollouts, samp.temperature, samp.top_k,
-                          samp.top_p, algo.logprob_chunk, score_rows) if record_every else None)
+                          samp.top_p, algo.logprob_chunk, score_rows), mesh)
+                      if record_every else None)
 
   fns = make_fns(c.rollout.per_step, c.buffer, rb)
   if not ar.enabled:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxreplay.models import attention as attention_lib
 from jaxreplay.parallel import multihost
 from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.rl.scoring import plan_rows, token_logprobs_by_rows
@@ -201,10 +202,11 @@ def evaluate(graphdef, params, io: TextIO, task, examples: Sequence[Example], ke
         plan = (sharding_lib.place_rows(plan_rows(
             np.concatenate([pmask[idx], comp], 1), score_rows, sharding_lib.batch_shards(mesh)),
             mesh) if pack else None)
-        e_sum, e_cnt = multihost.to_host(_entropy_sum(
-            graphdef, params, jnp.asarray(ptoks[idx]), jnp.asarray(pmask[idx]),
-            jnp.asarray(out["tokens"][idx]), jnp.asarray(comp), temperature=temp, top_k=tk,
-            top_p=tp, logprob_chunk=logprob_chunk, rows=score_rows, plan=plan))
+        with attention_lib.kernel_mesh(mesh):  # a splash kernel runs per device
+          e_sum, e_cnt = multihost.to_host(_entropy_sum(
+              graphdef, params, jnp.asarray(ptoks[idx]), jnp.asarray(pmask[idx]),
+              jnp.asarray(out["tokens"][idx]), jnp.asarray(comp), temperature=temp, top_k=tk,
+              top_p=tp, logprob_chunk=logprob_chunk, rows=score_rows, plan=plan))
         ent[0] += float(e_sum)
         ent[1] += int(e_cnt)
     return rewards, out["length"], ent[0] / max(ent[1], 1), texts, grades
