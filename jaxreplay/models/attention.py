@@ -22,10 +22,10 @@ h // G) through one of ``IMPLS``:
   as one MQA kernel per (row, KV head), G query heads each. XLA cannot partition a Mosaic
   call, so over several devices each device runs the kernel on its own rows inside
   ``jax.shard_map`` over the batch axes (and ``tensor`` over heads, where it divides the
-  KV heads) of the mesh in scope: the context mesh
-  (``jax.set_mesh``, the learner's jits), else the one ``kernel_mesh`` names (the
-  sampler's prefill, the drift, noise, record and evaluation scorers, the warm start);
-  inside an all-manual ``shard_map`` (per-device code) it is called directly. Sequences are padded to a multiple of
+  KV heads) of the mesh in scope: the context mesh (``jax.set_mesh``, the learner's jits),
+  else the one ``kernel_mesh`` names (the sampler's prefill; the drift, noise, record and
+  evaluation scorers); inside an all-manual ``shard_map`` (per-device code) it is called
+  directly. Sequences are padded to a multiple of
   ``SPLASH_BLOCK`` = 128 positions with a segment id no token uses. Lowered for TPU it is
   the Mosaic kernel; on any other platform (CPU tests) the same kernel runs in Pallas
   interpret mode (``jax.lax.platform_dependent`` picks at lowering time, so a TPU
@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxreplay.models.spec import ATTENTION_CHOICES as CHOICES
+
 IMPLS = ("xla", "cudnn", "splash")
 SPLASH_BLOCK = 128  # splash's query/key block (positions); sequences pad to a multiple
 # cuDNN's custom-call targets carry no export compatibility guarantee: exporting a cudnn
