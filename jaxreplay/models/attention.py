@@ -88,7 +88,16 @@ def kernel_mesh(mesh):
 
 
 def with_kernel_mesh(fn, mesh):
-  """``fn`` called within ``kernel_mesh(mesh)`` (``fn`` itself when ``mesh`` is None)."""
+  """``fn`` called within ``kernel_mesh(mesh)``.
+
+  Args:
+    fn: a callable (a jitted function: it is traced within the context), or None.
+    mesh: a ``jax.sharding.Mesh``, or None.
+
+  Returns:
+    a callable with ``fn``'s signature and attributes; ``fn`` itself when ``fn`` or
+    ``mesh`` is None.
+  """
   if fn is None or mesh is None:
     return fn
 
