@@ -76,7 +76,8 @@ class AlgoSpec(Spec):
       split into accumulation steps of whole sequences), not on the [B, T] padded layout;
       the same loss and gradient up to float rounding.
     lr: peak learning rate > 0.
-    warmup_steps: ≥ 0 optimizer steps of linear warmup.
+    warmup_steps: ≥ 0 optimizer steps of linear warmup; with the cosine schedule fewer than
+      ``train.steps`` (a short run sets it lower, e.g. ``--config.algo.warmup_steps=0``).
     lr_schedule: one of ``SCHEDULES``.
     final_lr_fraction: ∈ [0, 1], the cosine schedule's final lr / lr.
     max_grad_norm: > 0, global-norm clip.
@@ -128,7 +129,7 @@ class AlgoSpec(Spec):
   logprob_chunk: int = field(0, ge=0, allowed="(0 = the whole sequence at once)")
   pack_sequences: bool = field(True)
   lr: float = field(1e-4, gt=0)
-  warmup_steps: int = field(10, ge=0)
+  warmup_steps: int = field(10, ge=0, allowed="(< train.steps with lr_schedule='cosine', unless train.steps = 0)")
   lr_schedule: str = field("cosine", choices=SCHEDULES)
   final_lr_fraction: float = field(0.1, ge=0, le=1)
   max_grad_norm: float = field(1.0, gt=0)
