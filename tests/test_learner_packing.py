@@ -454,3 +454,127 @@ def test_packed_rows_split_over_the_batch_devices():
     temp[n, place] = compiled.memory_analysis().temp_size_in_bytes
   assert temp[8, True] < temp[1, True] / 4, temp
   assert temp[8, False] > 2 * temp[8, True], temp
+
+
+# --- shared prompts (algo.share_prompts) and scored slots ------------------------------------
+
+def _grouped_batch(graphdef, params, g=3):
+  """B = 8 rows in groups sharing a prompt (rows 0-2, 3-5, 6-7 when g = 3), as a rollout."""
+  group = np.arange(B) // g
+  prompt_lens = np.array([3, 2, 4])[group]
+  comp_lens = np.array([5, 1, 3, 6, 0, 2, 4, 6])
+  attn, comp = layout(prompt_lens, comp_lens, P, M)
+  rand = np.asarray(jax.random.randint(jax.random.key(3), (B, T), 1, CFG.vocab_size))
+  tokens = np.where(np.arange(T) < P, rand[group * g], rand) * attn  # equal prompts per group
+  tokens = jnp.asarray(tokens, jnp.int32)
+  logp, _ = token_logprobs(graphdef, params, tokens, jnp.asarray(attn))
+  mu = jnp.where(comp, logp + 0.3 * jax.random.normal(jax.random.key(4), (B, T)), 0.0)
+  return Rollout(tokens=tokens, attention_mask=jnp.asarray(attn),
+                 completion_mask=jnp.asarray(comp), behaviour_logprobs=mu,
+                 rewards=jnp.asarray(np.arange(B) % 2, jnp.float32),
+                 advantages=jnp.linspace(-1.0, 1.0, B), group_id=jnp.asarray(group, jnp.int32),
+                 policy_version=jnp.zeros(B, jnp.int32), newest_version=jnp.zeros(B, jnp.int32),
+                 truncated=jnp.asarray(comp_lens == M))
+
+
+def test_shared_prompt_plan_by_hand():
+  """Two rows with the prompt [5, 6] and completions [7, 8] and [9]: one copy of the prompt
+  (segment 1), then each completion (segments 2, 3) whose prefix is segment 1; positions
+  continue from the prompt; the second completion's first token is predicted from the
+  prompt's last slot, and both rows' prompt columns unpack from the shared slots."""
+  tokens = np.array([[0, 5, 6, 7, 8], [0, 5, 6, 9, 0]])
+  attn = tokens > 0
+  comp = attn & (np.arange(5) >= 3)
+  plan = jax.tree.map(lambda x: x[0, 0], packing.plan_batch(
+      attn, completion_bt=comp, tokens_bt=tokens, share_prompts=True, quantum=8))
+  assert plan.src.shape == (1, 5)  # R = 1 row of W = T = 5: 2 + 2 + 1 tokens
+  np.testing.assert_array_equal(tokens.reshape(-1)[plan.src[0]], [5, 6, 7, 8, 9])
+  np.testing.assert_array_equal(plan.segment_ids[0], [1, 1, 2, 2, 3])
+  np.testing.assert_array_equal(plan.prefix_ids[0], [1, 1, 1, 1, 1])
+  np.testing.assert_array_equal(plan.positions[0], [0, 1, 2, 3, 2])
+  np.testing.assert_array_equal(plan.dst, [[0, 0, 1, 2, 3], [0, 0, 1, 4, 0]])
+  np.testing.assert_array_equal(plan.keep, [[0, 0, 1, 1, 1], [0, 0, 1, 1, 0]])
+  # scored: the completion tokens at slots 2, 3, 4, predicted from slots 1, 2 and 1
+  np.testing.assert_array_equal(plan.score_slot[0][plan.score_valid[0]], [2, 3, 4])
+  np.testing.assert_array_equal(plan.score_pred[0][plan.score_valid[0]], [1, 2, 1])
+  # without sharing: the two sequences end to end, each completion predicted by its own past
+  flat = jax.tree.map(lambda x: x[0, 0], packing.plan_batch(attn, completion_bt=comp,
+                                                            quantum=8))
+  assert flat.prefix_ids is None
+  np.testing.assert_array_equal(tokens.reshape(-1)[flat.src] * flat.mask,
+                                [[5, 6, 7, 8, 0], [5, 6, 9, 0, 0]])  # two rows: 4 + 3 > 5
+  np.testing.assert_array_equal(flat.score_slot[0][flat.score_valid[0]], [2, 3])
+  np.testing.assert_array_equal(flat.score_slot[1][flat.score_valid[1]], [2])
+  np.testing.assert_array_equal(flat.score_pred[flat.score_valid], [1, 2, 1])
+
+
+def test_shared_units_split_to_fit_the_width():
+  """Four samples of a 3-token prompt with 4-token completions: 3 + 4·4 = 19 tokens do not
+  fit a width of 12, so the group splits in row order into units of 3 + 2·4 = 11."""
+  attn = np.ones((4, 7), bool)
+  comp = np.arange(7) >= 3
+  comp = np.broadcast_to(comp, (4, 7))
+  tokens = np.tile(np.array([1, 2, 3, 4, 5, 6, 7]), (4, 1))
+  units, lengths = packing.shared_units(attn, comp, tokens, 12)
+  assert units == [(0, 1), (2, 3)]
+  np.testing.assert_array_equal(lengths, [11, 11])
+  # a different prompt token makes its own unit; a row without completion is alone
+  tokens[3, 0] = 9
+  comp = comp.copy()
+  comp[2] = False
+  units, lengths = packing.shared_units(attn, comp, tokens, 12)
+  assert units == [(0, 1), (2,), (3,)]
+  np.testing.assert_array_equal(lengths, [11, 7, 7])
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("algo", [
+    dict(),
+    dict(aggregation="seq_mean_token_mean", grad_accum_steps=2, logprob_chunk=3,
+         kl_coef=0.05),
+], ids=["token_mean", "seq_mean_accum_chunk_kl"])
+def test_shared_prompts_train_step_equals_full_width(logp_atol, algo):
+  """Packing a group's prompt once changes only the float rounding: loss, entropy, gradient
+  norm and the updated parameters equal the full-width step's, and the packed rows hold
+  fewer tokens than packing each sequence whole."""
+  graphdef, params = nnx.split(Transformer(CFG, nnx.Rngs(0)), nnx.Param)
+  batch = _grouped_batch(graphdef, params)
+  algo = dict(algo, warmup_steps=0, lr_schedule="constant", lr=1e-2, staleness_buckets=(0,))
+  n_tok = int(np.asarray(batch.completion_mask).sum())
+  n_grad = 2 * N_FWD + B * T
+
+  def run(**kw):
+    spec = AlgoSpec.from_config(dict(algo, **kw))
+    opt = train_step.make_optimizer(spec, 10)
+    step = train_step.make_train_step(graphdef, opt, spec, 1.0)
+    state = train_step.init_train_state(graphdef, jax.tree.map(jnp.copy, params), opt, spec)
+    return step(state, batch), step
+
+  (s_f, m_f), _ = run(pack_sequences=False)
+  (s_p, m_p), step = run(share_prompts=True)
+  with abs_terms():
+    (_, m_abs), _ = run(pack_sequences=False)
+  attn, comp = np.asarray(batch.attention_mask), np.asarray(batch.completion_mask)
+  shared = step.plan_batch(attn, completion=comp, tokens=np.asarray(batch.tokens))
+  # rows 0-1 share their 3-token prompt (3 + 5 + 1 ≤ T = 10; row 2's 3 more would not fit),
+  # rows 3 and 5 their 2 tokens (row 4 has no completion); rows 6-7 do not fit one row
+  # (4 + 4 + 6 > 10): 3 + 2 tokens fewer
+  assert int((shared.segment_ids > 0).sum()) == attn.sum() - 5
+  for key in ("loss", "pg_loss"):
+    atol = float(m_abs[key]) * (logp_atol + reorder_tol(n_tok))
+    np.testing.assert_allclose(float(m_p[key]), float(m_f[key]), rtol=0, atol=atol, err_msg=key)
+  np.testing.assert_allclose(float(m_p["entropy"]), float(m_f["entropy"]),
+                             rtol=reorder_tol(n_tok), atol=logp_atol)
+  n_params = sum(x.size for x in jax.tree.leaves(s_f.params))
+  np.testing.assert_allclose(float(m_p["grad_norm"]), float(m_f["grad_norm"]),
+                             rtol=reorder_tol(n_grad + n_params))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      a, b, rtol=2 * reorder_tol(2), atol=2 * algo["lr"] * reorder_tol(n_grad)),
+      s_p.params, s_f.params)
+
+
+def test_share_prompts_needs_packing_and_no_value_head():
+  with pytest.raises(ValueError, match=r"algo\.share_prompts=True.*pack_sequences=True"):
+    AlgoSpec.from_config({"share_prompts": True, "pack_sequences": False})
+  with pytest.raises(ValueError, match=r"algo\.share_prompts=True.*advantage='gae'"):
+    AlgoSpec.from_config({"share_prompts": True, "advantage": "gae"})

@@ -109,7 +109,8 @@ def with_kernel_mesh(fn, mesh):
   return call
 
 
-def _warn_once(key, msg: str) -> None:
+def warn_once(key, msg: str) -> None:
+  """Logs ``msg`` as a warning the first time ``key`` (any hashable) is seen in the process."""
   if key not in _WARNED:
     _WARNED.add(key)
     logger.warning(msg)
@@ -136,7 +137,7 @@ def resolve(choice: str, platform: str, field: str = "model.attention") -> str:
     return "xla"
   impl = {"gpu": "cudnn", "cuda": "cudnn", "tpu": "splash"}.get(platform.lower())
   if impl is None and choice == "pallas":
-    _warn_once(("resolve", platform, field), f"{field}='pallas' has no fused attention for "
+    warn_once(("resolve", platform, field), f"{field}='pallas' has no fused attention for "
                f"platform {platform!r}; using the xla attention")
   return impl or "xla"
 
@@ -284,7 +285,7 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str = "x
     raise ValueError("causal_attention takes exactly one of segment_ids and lengths")
   reason = supports(impl, q.shape, q.dtype)
   if reason is not None:
-    _warn_once((impl, q.shape, jnp.dtype(q.dtype).name),
+    warn_once((impl, q.shape, jnp.dtype(q.dtype).name),
                f"{impl} attention cannot take q {q.shape} {jnp.dtype(q.dtype).name} ({reason}); "
                f"using the xla attention")
     impl = "xla"
@@ -292,7 +293,7 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str = "x
     try:
       return _cudnn(q, k, v, segment_ids, lengths, scale)
     except (NotImplementedError, RuntimeError) as e:  # no cuDNN, or a shape it refuses
-      _warn_once(("cudnn", q.shape, str(e)), f"cudnn attention refused q {q.shape}: {e}; "
+      warn_once(("cudnn", q.shape, str(e)), f"cudnn attention refused q {q.shape}: {e}; "
                  f"using the xla attention")
       impl = "xla"
   if impl == "splash":

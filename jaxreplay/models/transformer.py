@@ -381,7 +381,7 @@ class Attention(nnx.Module):
     """
     b, t = q.shape[:2]
     c = self.cfg
-    if not head_major and c.attention != "xla":
+    if not head_major and mask.dtype != jnp.bool_:  # segment ids for a fused kernel
       y = attention_lib.causal_attention(q, k.astype(q.dtype), v.astype(q.dtype),
                                          impl=c.attention, segment_ids=mask,
                                          scale=c.head_dim ** -0.5)
@@ -538,23 +538,36 @@ class Transformer(nnx.Module):
     return constrain_batch(jnp.take(table, tokens, axis=0).astype(self.cfg.dtype))
 
   def _trunk(self, tokens: jax.Array, mask: jax.Array, segment_ids: jax.Array | None = None,
-             positions: jax.Array | None = None) -> jax.Array:
+             positions: jax.Array | None = None, prefix_ids: jax.Array | None = None
+             ) -> jax.Array:
     """The blocks over full sequences: tokens [B, T] int32, mask [B, T] bool -> [B, T, D].
 
     With ``segment_ids`` [B, T] int32 a query attends only to keys of its own segment
-    (packed sequences, ``hidden``); ``positions`` [B, T] int32 default to
+    (packed sequences, ``hidden``), and with ``prefix_ids`` [B, T] int32 also to the keys
+    of segment ``prefix_ids`` (shared prompts); ``positions`` [B, T] int32 default to
     ``positions_from_mask(mask)``.
     """
     t = tokens.shape[1]
     if positions is None:
       positions = positions_from_mask(mask)
-    if self.cfg.attention != "xla":  # a fused kernel builds its mask from segment ids
+    fused = self.cfg.attention != "xla"
+    if fused and prefix_ids is not None:
+      attention_lib.warn_once(
+          ("prefix", self.cfg.attention),
+          f"attention {self.cfg.attention!r}: rows with shared prompts "
+          "(algo.share_prompts) attend through XLA's dense mask; the fused kernels take "
+          "segment ids only")
+      fused = False
+    if fused:  # a fused kernel builds its mask from segment ids
       attn_mask = attention_lib.segments(mask, segment_ids)
     else:
       causal = jnp.tril(jnp.ones((t, t), bool))
       attn_mask = causal[None] & mask[:, None, :]
       if segment_ids is not None:
-        attn_mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        if prefix_ids is not None:
+          same |= prefix_ids[:, :, None] == segment_ids[:, None, :]
+        attn_mask &= same
     attn_mask, positions = constrain_batch(attn_mask), constrain_batch(positions)
     x = self._embed(tokens)
     remat = self.cfg.remat != "none"
@@ -599,7 +612,8 @@ class Transformer(nnx.Module):
     return self._logits(self._trunk(tokens, mask))
 
   def hidden(self, tokens: jax.Array, mask: jax.Array, segment_ids: jax.Array | None = None,
-             positions: jax.Array | None = None) -> jax.Array:
+             positions: jax.Array | None = None, prefix_ids: jax.Array | None = None
+             ) -> jax.Array:
     """Final-normed hidden states: ``project_logits(hidden(tokens, mask))`` is the logits.
 
     Packed sequences (``jaxreplay.rl.packing``): several sequences share a row, each a
@@ -616,11 +630,14 @@ class Transformer(nnx.Module):
         None: one sequence per row.
       positions: optional [B, T] int32 RoPE position ids; default
         ``positions_from_mask(mask)`` (right for one sequence per row, not for packed rows).
+      prefix_ids: optional [B, T] int32 (with ``segment_ids``): a token also attends to
+        the earlier tokens of segment ``prefix_ids`` — a prompt packed once for several
+        completions (``packing.place_units``); this mask runs on XLA's attention.
 
     Returns:
       [B, T, D] in the activation dtype; row t predicts token t+1 (of its segment).
     """
-    return self.final_norm(self._trunk(tokens, mask, segment_ids, positions))
+    return self.final_norm(self._trunk(tokens, mask, segment_ids, positions, prefix_ids))
 
   def step(self, tokens: jax.Array, positions: jax.Array, token_valid: jax.Array,
            cache: KVCache, cache_index: jax.Array, last_only: bool = False

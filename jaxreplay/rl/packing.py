@@ -32,6 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+SCORE_QUANTUM = 32
+"""A packed row's scored slots (``PackPlan.score_slot``) are kept in a multiple of this
+many entries (at most W): few enough counts that a run compiles a handful of shapes."""
+
 WIDTH_QUANTUM = 64
 """Packed learner rows are T wide or a multiple of this many tokens (``pack_width``): a
 block of GPU flash attention and half a TPU lane tile, and few enough widths that a run
@@ -58,6 +62,16 @@ class PackPlan:
     keep: [Bg, T] bool, real tokens the plan packs that have a predecessor in their
       sequence: the columns whose next-token outputs ``unpack`` returns (the others get its
       ``fill``).
+    prefix_ids: [R, W] int32 or None: with shared prompts (``plan_batch(share_prompts=
+      True)``), the segment each token may attend to besides its own: a completion's
+      prompt (its own segment for a prompt token); 0 on empty slots. None: segments alone.
+    score_slot: [R, N] int32 or None: the slots (within the row) of the tokens whose
+      log-probs the loss reads (``plan_batch(completion_bt=...)``: completion tokens),
+      in slot order, N ≤ W common to all rows; 0 past a row's count.
+    score_pred: [R, N] int32 or None: the slot of the hidden state that predicts each
+      ``score_slot`` token (the slot before it, or for a completion's first token under a
+      shared prompt, the prompt's last slot).
+    score_valid: [R, N] bool or None: True on a row's first count entries.
   """
 
   src: jax.Array
@@ -65,6 +79,10 @@ class PackPlan:
   positions: jax.Array
   dst: jax.Array
   keep: jax.Array
+  prefix_ids: jax.Array | None = None
+  score_slot: jax.Array | None = None
+  score_pred: jax.Array | None = None
+  score_valid: jax.Array | None = None
 
   @property
   def mask(self) -> jax.Array:
@@ -212,6 +230,178 @@ def plan_packing(mask_bt: np.ndarray, rows: int | None = None,
   return jax.tree.map(lambda x: x[0], place_bins(mask_bt, bins, 1, rows, width))
 
 
+def prompt_split(mask_bt: np.ndarray, completion_bt: np.ndarray) -> np.ndarray:
+  """[Bg] int: each row's first completion column (T where the row has none): its real
+  tokens before it are the prompt."""
+  completion_bt = np.asarray(completion_bt, bool)
+  return np.where(completion_bt.any(1), completion_bt.argmax(1), mask_bt.shape[1])
+
+
+def shared_units(mask_bt: np.ndarray, completion_bt: np.ndarray, tokens_bt: np.ndarray,
+                 width: int) -> tuple[list[tuple[int, ...]], np.ndarray]:
+  """The rows grouped into units that share one copy of their prompt (host numpy).
+
+  Rows whose prompt tokens are equal (a GRPO group's G samples) form one unit, laid out
+  as the prompt once, then each row's completion (``place_units``); a unit longer than
+  ``width`` is split, in row order, into units that fit. A row without completion
+  tokens is a unit alone; a row without real tokens is in none.
+
+  Args:
+    mask_bt: [Bg, T] bool real tokens. completion_bt: [Bg, T] bool completion tokens (a
+      row's real tokens before its first one are its prompt). tokens_bt: [Bg, T] int.
+    width: > 0, the most tokens a unit may hold (every sequence fits alone).
+
+  Returns:
+    (units: tuples of row indices, the first one's prompt tokens laid out for all, in
+     order of each unit's first row; lengths [U] int64, prompt + completions per unit).
+  """
+  mask_bt = np.asarray(mask_bt, bool)
+  split = prompt_split(mask_bt, completion_bt)
+  cols = np.arange(mask_bt.shape[1])
+  groups: dict = {}
+  for i in np.flatnonzero(mask_bt.any(1)):
+    prompt = mask_bt[i] & (cols < split[i])
+    key = (tokens_bt[i][prompt].tobytes() if split[i] < mask_bt.shape[1] else ("alone", i))
+    groups.setdefault(key, []).append(int(i))
+  units, lengths = [], []
+  for rows in groups.values():
+    p = int((mask_bt[rows[0]] & (cols < split[rows[0]])).sum())
+    unit, n = [], p
+    for i in rows:
+      c = int((mask_bt[i] & (cols >= split[i])).sum())
+      if unit and n + c > width:
+        units.append(tuple(unit))
+        lengths.append(n)
+        unit, n = [], p
+      unit.append(i)
+      n += c
+    units.append(tuple(unit))
+    lengths.append(n)
+  order = np.argsort([u[0] for u in units], kind="stable")
+  return [units[k] for k in order], np.asarray(lengths, np.int64)[order]
+
+
+def place_units(mask_bt: np.ndarray, completion_bt: np.ndarray, units, bins: np.ndarray,
+                steps: int, rows: int, width: int) -> tuple[PackPlan, np.ndarray]:
+  """``place_bins`` for ``shared_units``: each unit's prompt once, then its completions.
+
+  In a unit's run of slots the prompt (the first row's prompt tokens) is one segment and
+  each completion another whose ``prefix_ids`` name the prompt's segment, so a
+  completion token attends to the prompt and to its own earlier tokens, never to a
+  sibling's; its positions continue from the prompt's length, as in its unpacked row.
+  Every row of the unit maps its prompt columns to the shared prompt's slots (``dst``).
+  The attention each completion sees is its unpacked row's, so its log-probs equal the
+  unpacked ones up to float rounding.
+
+  Args:
+    mask_bt, completion_bt: [Bg, T] bool. units: ``shared_units``'s. bins: [U] int, each
+      unit's bin (-1: none). steps: S ≥ 1. rows: R ≥ 1. width: W.
+
+  Returns:
+    (PackPlan of numpy arrays with a leading [S] axis and ``prefix_ids``;
+     pred [S, R, W] int32: the slot (within the row) of the hidden state that predicts
+     each slot's token, -1 for none).
+
+  Raises:
+    ValueError: a bin ≥ S · R or holding more than W tokens.
+  """
+  mask_bt = np.asarray(mask_bt, bool)
+  b, t = mask_bt.shape
+  w = int(width)
+  bins = np.asarray(bins, np.int64)
+  if bins.size and bins.max() >= steps * rows:
+    raise ValueError(f"bin {bins.max()} does not fit {steps} steps of {rows} rows")
+  split = prompt_split(mask_bt, completion_bt)
+  src = np.zeros((steps, rows, w), np.int32)
+  seg = np.zeros((steps, rows, w), np.int32)
+  pre = np.zeros((steps, rows, w), np.int32)
+  pos = np.zeros((steps, rows, w), np.int32)
+  pred = np.full((steps, rows, w), -1, np.int32)
+  dst = np.zeros((steps, b, t), np.int32)
+  keep = np.zeros((steps, b, t), bool)
+  predicted = mask_bt & (np.cumsum(mask_bt, 1) > 1)
+  fill = np.zeros((steps, rows), np.int64)
+  count = np.zeros((steps, rows), np.int32)
+  for unit, bin_ in zip(units, bins):
+    if bin_ < 0:
+      continue
+    s, r = divmod(int(bin_), rows)
+    real = np.flatnonzero(mask_bt[unit[0]])
+    pcols = real[real < split[unit[0]]]
+    p, o = len(pcols), int(fill[s, r])
+    lengths = [p] + [int((np.flatnonzero(mask_bt[i]) >= split[i]).sum()) for i in unit]
+    if o + sum(lengths) > w:
+      raise ValueError(f"bin {int(bin_)} holds {o + sum(lengths)} tokens, more than the row "
+                       f"width {w}")
+    count[s, r] += 1
+    prompt_seg = count[s, r]
+    sl = slice(o, o + p)
+    src[s, r, sl], seg[s, r, sl], pre[s, r, sl] = unit[0] * t + pcols, prompt_seg, prompt_seg
+    pos[s, r, sl] = np.arange(p)
+    pred[s, r, sl] = np.where(np.arange(p) > 0, np.arange(o - 1, o + p - 1), -1)
+    prompt_slots, start = r * w + o + np.arange(p), o
+    o += p
+    for i in unit:
+      real = np.flatnonzero(mask_bt[i])
+      dst[s, i, real[real < split[i]]] = prompt_slots
+      keep[s, i] = predicted[i]
+      ccols = real[real >= split[i]]
+      n = len(ccols)
+      if not n:
+        continue
+      count[s, r] += 1
+      sl = slice(o, o + n)
+      src[s, r, sl], seg[s, r, sl], pre[s, r, sl] = i * t + ccols, count[s, r], prompt_seg
+      pos[s, r, sl] = p + np.arange(n)
+      pred[s, r, sl] = np.arange(o - 1, o + n - 1)
+      pred[s, r, o] = start + p - 1 if p else -1  # the shared prompt's last token
+      dst[s, i, ccols] = r * w + o + np.arange(n)
+      o += n
+    fill[s, r] = o
+  plan = PackPlan(src=src, segment_ids=seg, positions=pos, dst=dst, keep=keep, prefix_ids=pre)
+  return plan, pred
+
+
+def add_score_slots(plan: PackPlan, completion: np.ndarray, pred: np.ndarray | None = None,
+                    quantum: int = SCORE_QUANTUM) -> PackPlan:
+  """``plan`` with ``score_slot``/``score_pred``/``score_valid``: each packed row's
+  completion tokens, the only ones whose log-probs the loss reads.
+
+  The learner then runs the output head and the log-softmax on those slots alone
+  (``scoring.packed_scores``), not on every slot: a prompt token's next-token
+  distribution feeds no loss term.
+
+  Args:
+    plan: PackPlan of numpy arrays with leaves [..., R, W] / [..., Bg, T] (any leading
+      axes, the same for ``completion``).
+    completion: [..., Bg, T] bool, the completion tokens of the plan's rows (leading axes
+      broadcast against the plan's: [n_mb, 1, Bg, T] for ``plan_batch``'s [n_mb, S]).
+    pred: [..., R, W] int, the predicting slot of each slot (-1: none); None: the slot
+      before it within the same sequence (``positions`` > 0).
+    quantum: > 0; N is the most scored slots of any row rounded up to it, at most W.
+
+  Returns:
+    The plan with the three fields, [..., R, N].
+  """
+  src = np.asarray(plan.src)
+  w = src.shape[-1]
+  comp = np.asarray(completion, bool)
+  lead = src.shape[:-2]
+  flat = np.broadcast_to(comp.reshape(*comp.shape[:-2], -1), (*lead, comp.shape[-2] * comp.shape[-1]))
+  scored = np.take_along_axis(flat, src.reshape(*lead, -1), -1).reshape(src.shape)
+  if pred is None:
+    pred = np.where(np.asarray(plan.positions) > 0, np.arange(w) - 1, -1)
+  scored &= (np.asarray(plan.segment_ids) > 0) & (pred >= 0)
+  most = int(scored.sum(-1).max()) if scored.size else 0
+  n = min(w, round_up(max(most, 1), quantum))
+  order = np.argsort(~scored, axis=-1, kind="stable")[..., :n]  # scored slots first, in order
+  valid = np.take_along_axis(scored, order, -1)
+  return plan.replace(score_slot=np.where(valid, order, 0).astype(np.int32),
+                      score_pred=np.where(valid, np.take_along_axis(pred, order, -1),
+                                          0).astype(np.int32),
+                      score_valid=valid)
+
+
 def round_up(n: int, multiple: int) -> int:
   """The least multiple of ``multiple`` (≥ 1) that is ≥ ``n``."""
   return -(-n // multiple) * multiple
@@ -287,7 +477,9 @@ def pack_width(lengths: np.ndarray, width: int, budget: int, multiple: int = 1,
 
 
 def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: int = 1,
-               multiple: int = 1, quantum: int = WIDTH_QUANTUM) -> PackPlan:
+               multiple: int = 1, quantum: int = WIDTH_QUANTUM,
+               completion_bt: np.ndarray | None = None, tokens_bt: np.ndarray | None = None,
+               share_prompts: bool = False) -> PackPlan:
   """The learner batch's packing plan: each minibatch packed whole, split into S steps.
 
   Minibatch m is rows [m·B/n_mb, (m+1)·B/n_mb), as the train step takes them. Its
@@ -320,18 +512,31 @@ def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: 
       of ``multiple``, so every step's rows split evenly over the batch devices
       (``sharding.place_rows``).
 
+  With ``completion_bt`` the plan also lists each row's completion slots
+  (``add_score_slots``): the learner scores those alone. With ``share_prompts`` (and
+  ``tokens_bt``) the rows of a minibatch whose prompts are equal are packed as one unit,
+  the prompt once and then each completion (``shared_units``, ``place_units``): a group
+  of G samples of a P-token prompt runs P + Σ completions tokens, not G·P + Σ
+  completions, with the same attention per completion (``PackPlan.prefix_ids``). The
+  units take the place of sequences above: whole units per step and row.
+
   Args:
     mask_bt: [B, T] bool attention mask of the whole batch. num_minibatches: n_mb ≥ 1.
     grad_accum_steps: n_acc ≥ 1; n_mb · n_acc divides B. multiple: ≥ 1. quantum: the
       width step of ``pack_width`` (a quantum ≥ T keeps W = T).
+    completion_bt: optional [B, T] bool completion tokens (``Rollout.completion_mask``).
+    tokens_bt: [B, T] int tokens, needed with ``share_prompts``.
+    share_prompts: pack equal prompts once per unit (needs ``completion_bt``).
 
   Returns:
     PackPlan of numpy arrays with leading axes [n_mb, S]: src, segment_ids, positions
     [n_mb, S, R, W]; dst, keep [n_mb, S, B/n_mb, T] (a step's ``dst`` and ``keep`` cover
-    its own sequences; ``merge_steps`` joins the steps' outputs).
+    its own sequences; ``merge_steps`` joins the steps' outputs); with ``completion_bt``
+    score_slot, score_pred, score_valid [n_mb, S, R, N]; shared, prefix_ids [n_mb, S, R, W].
 
   Raises:
-    ValueError: ``mask_bt`` not 2-D; n_mb · n_acc does not divide B.
+    ValueError: ``mask_bt`` not 2-D; n_mb · n_acc does not divide B; ``share_prompts``
+      without ``completion_bt`` and ``tokens_bt``.
   """
   mask_bt = np.asarray(mask_bt, bool)
   if mask_bt.ndim != 2:
@@ -340,11 +545,26 @@ def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: 
   if b % (num_minibatches * grad_accum_steps):
     raise ValueError(f"batch of {b} rows does not split into {num_minibatches} "
                      f"minibatches of {grad_accum_steps} micro-batches")
-  minibatches = mask_bt.reshape(num_minibatches, b // num_minibatches, t)
+  split = lambda x: np.asarray(x).reshape(num_minibatches, b // num_minibatches, t)  # noqa: E731
+  minibatches = split(mask_bt)
   budget = round_up(max(b // (num_minibatches * grad_accum_steps), 1), multiple)
+  if share_prompts:
+    if completion_bt is None or tokens_bt is None:
+      raise ValueError("share_prompts needs completion_bt and tokens_bt")
+    comp, toks = split(completion_bt), split(tokens_bt)
+    units = [shared_units(m, c, k, t) for m, c, k in zip(minibatches, comp, toks)]
+    lengths = np.zeros((num_minibatches, max(len(u[0]) for u in units)), np.int64)
+    for j, (_, n) in enumerate(units):
+      lengths[j, :len(n)] = n
+    width, bins, steps, rows = pack_width(lengths, t, budget, multiple, quantum)
+    placed = [place_units(m, c, u, x[:len(u)], steps, rows, width)
+              for m, c, (u, _), x in zip(minibatches, comp, units, bins)]
+    plan = jax.tree.map(lambda *xs: np.stack(xs), *[p for p, _ in placed])
+    return add_score_slots(plan, comp[:, None], np.stack([r for _, r in placed]))
   width, bins, steps, rows = pack_width(minibatches.sum(2), t, budget, multiple, quantum)
   plans = [place_bins(m, x, steps, rows, width) for m, x in zip(minibatches, bins)]
-  return jax.tree.map(lambda *xs: np.stack(xs), *plans)
+  plan = jax.tree.map(lambda *xs: np.stack(xs), *plans)
+  return plan if completion_bt is None else add_score_slots(plan, split(completion_bt)[:, None])
 
 
 def step_rows(plan: PackPlan) -> jax.Array:

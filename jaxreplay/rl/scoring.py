@@ -220,11 +220,37 @@ def chunked_scores(project, hidden_btd: jax.Array, tokens: jax.Array, chunk: int
   """
   if chunk <= 0:
     raise ValueError(f"chunk={chunk} must be > 0")
-  b, t = tokens.shape
-  n = -(-(t - 1) // chunk)
-  pad = n * chunk - (t - 1)
-  h = jnp.pad(hidden_btd[:, :-1], ((0, 0), (0, pad), (0, 0)))
-  nxt = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
+  logp, ent = scores_at(project, hidden_btd[:, :-1], tokens[:, 1:], chunk, temperature,
+                        top_k, top_p)
+  col0 = jnp.zeros((tokens.shape[0], 1), jnp.float32)
+  return jnp.concatenate([col0, logp], 1), jnp.concatenate([col0, ent], 1)
+
+
+def scores_at(project, hidden_bnd: jax.Array, next_bn: jax.Array, chunk: int = 0,
+              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+              ) -> tuple[jax.Array, jax.Array]:
+  """Log-prob and entropy of token ``next_bn[b, j]`` under the distribution that hidden
+  state ``hidden_bnd[b, j]`` predicts, ``chunk`` entries at a time (0: all at once).
+
+  With ``chunk > 0`` the N entries are padded to a multiple of it (the padding is
+  computed and dropped) and each chunk's head and log-softmax are rematerialised
+  (``jax.checkpoint``): neither pass holds more than [B, chunk, V] float32 logits.
+
+  Args:
+    project: the output head, [B, c, D] -> [B, c, V] float32 logits.
+    hidden_bnd: [B, N, D] final-normed hidden states. next_bn: [B, N] int32 tokens.
+    chunk: ≥ 0. temperature, top_k, top_p: as ``token_logprobs``.
+
+  Returns:
+    (logp [B, N] float32, floored at ``LOGP_FLOOR``; entropy [B, N] float32).
+  """
+  if not chunk:
+    return _token_scores(project(hidden_bnd), next_bn, temperature, top_k, top_p)
+  b, m = next_bn.shape
+  n = -(-m // chunk)
+  pad = n * chunk - m
+  h = jnp.pad(hidden_bnd, ((0, 0), (0, pad), (0, 0)))
+  nxt = jnp.pad(next_bn, ((0, 0), (0, pad)))
   h = h.reshape(b, n, chunk, h.shape[-1]).swapaxes(0, 1)  # [n, B, c, D]
   nxt = nxt.reshape(b, n, chunk).swapaxes(0, 1)
 
@@ -234,10 +260,7 @@ def chunked_scores(project, hidden_btd: jax.Array, tokens: jax.Array, chunk: int
     return _token_scores(project(h_c), tok_c, temperature, top_k, top_p)
 
   logp, ent = jax.lax.map(one, (h, nxt))  # [n, B, c] each
-  logp = logp.swapaxes(0, 1).reshape(b, -1)[:, :t - 1]
-  ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :t - 1]
-  col0 = jnp.zeros((b, 1), jnp.float32)
-  return jnp.concatenate([col0, logp], 1), jnp.concatenate([col0, ent], 1)
+  return (logp.swapaxes(0, 1).reshape(b, -1)[:, :m], ent.swapaxes(0, 1).reshape(b, -1)[:, :m])
 
 
 def _token_scores(logits_bcv, next_bc, temperature, top_k, top_p):
@@ -307,7 +330,10 @@ def packed_scores(graphdef: nnx.GraphDef, params, tokens: jax.Array, plan: packi
   (``packing.unpack``; gradients flow through the gather). A sequence's values equal the
   unpacked ones up to float rounding; columns without a prediction (padding and each
   sequence's first token) are 0, where the unpacked path has values predicted from
-  padding that no loss reads.
+  padding that no loss reads. A plan with ``score_slot`` (``packing.add_score_slots``)
+  runs the head and the log-softmax on those slots alone: log-prob and entropy are 0 on
+  every other token (the prompt's), which no loss term reads. A plan with ``prefix_ids``
+  packs a group's prompt once (``packing.place_units``; no value head).
 
   Args:
     graphdef, params: the policy (``nnx.split``).
@@ -325,8 +351,17 @@ def packed_scores(graphdef: nnx.GraphDef, params, tokens: jax.Array, plan: packi
   """
   model = nnx.merge(graphdef, params)
   tok_rw = packing.pack(tokens, plan)
-  hidden = model.hidden(tok_rw, plan.mask, plan.segment_ids, plan.positions)
-  if chunk:
+  shared = {} if plan.prefix_ids is None else {"prefix_ids": plan.prefix_ids}
+  hidden = model.hidden(tok_rw, plan.mask, plan.segment_ids, plan.positions, **shared)
+  if plan.score_slot is not None:  # the slots the loss reads: each row's completion tokens
+    h = jnp.take_along_axis(hidden, plan.score_pred[..., None], axis=1)  # [R, N, D]
+    nxt = jnp.take_along_axis(tok_rw, plan.score_slot, axis=1)
+    project = _projector(model) if chunk else model.project_logits
+    out = scores_at(project, h, nxt, chunk, temperature, top_k, top_p)
+    zeros = jnp.zeros(tok_rw.shape, jnp.float32)
+    logp, ent = (jax.vmap(lambda z, i, x: z.at[i].add(x))(
+        zeros, plan.score_slot, jnp.where(plan.score_valid, x, 0.0)) for x in out)
+  elif chunk:
     logp, ent = chunked_scores(_projector(model), hidden, tok_rw, chunk, temperature,
                                top_k, top_p)
   else:

@@ -74,7 +74,14 @@ class AlgoSpec(Spec):
     pack_sequences: the learner's forward passes run on packed rows (``packing``: each
       minibatch's real tokens end to end in as few full-width rows as fit, bucketed, then
       split into accumulation steps of whole sequences), not on the [B, T] padded layout;
-      the same loss and gradient up to float rounding.
+      the same loss and gradient up to float rounding. The output head and the
+      log-softmax run on the completion tokens alone (the only ones a loss reads).
+    share_prompts: packed, the rollouts of a minibatch that share a prompt (a group's G
+      samples) run it once: one copy of the prompt, then each completion, which attends to
+      the prompt and to its own tokens only (``packing.place_units``). The same loss and
+      gradient up to float rounding, with G − 1 prompts' forward and backward passes
+      fewer per group; the rows' mask runs on XLA's attention, not a fused kernel. Needs
+      ``pack_sequences`` and no value head.
     lr: peak learning rate > 0.
     warmup_steps: ≥ 0 optimizer steps of linear warmup; with the cosine schedule fewer than
       ``train.steps`` (a short run sets it lower, e.g. ``--config.algo.warmup_steps=0``).
@@ -128,6 +135,7 @@ class AlgoSpec(Spec):
   grad_accum_steps: int = field(1, ge=1, allowed="(divides the minibatch)")
   logprob_chunk: int = field(0, ge=0, allowed="(0 = the whole sequence at once)")
   pack_sequences: bool = field(True)
+  share_prompts: bool = field(False)
   lr: float = field(1e-4, gt=0)
   warmup_steps: int = field(10, ge=0, allowed="(< train.steps with lr_schedule='cosine', unless train.steps = 0)")
   lr_schedule: str = field("cosine", choices=SCHEDULES)
@@ -168,6 +176,12 @@ class AlgoSpec(Spec):
       if why:
         self.fail("drop_zero_advantage", True, f"a zero-advantage rollout still has a "
                   f"gradient with {why}; set algo.drop_zero_advantage=False")
+    if self.share_prompts and not self.pack_sequences:
+      self.fail("share_prompts", True, "shares prompts between packed rows: set "
+                "algo.pack_sequences=True or algo.share_prompts=False")
+    if self.share_prompts and self.uses_value_head:
+      self.fail("share_prompts", True, "the value head reads every position of a row; with "
+                "algo.advantage='gae' set algo.share_prompts=False")
     if self.kl_coef > 0 and self.kl_mode == "reward" and self.loss == "asymre":
       self.fail("kl_mode", self.kl_mode,
                 "with algo.loss='asymre' the KL penalty would enter the group-mean baseline "

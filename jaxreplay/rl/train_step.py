@@ -612,14 +612,21 @@ def _with_packing(jitted, spec: AlgoSpec) -> Callable:
   packing on the host when the caller gives no ``plan`` (``make_train_step``'s Returns)."""
   n_mb, n_acc = spec.num_minibatches, spec.grad_accum_steps
 
-  def plan_batch(mask_bt: np.ndarray, multiple: int = 1, advantages=None) -> packing.PackPlan:
+  def plan_batch(mask_bt: np.ndarray, multiple: int = 1, advantages=None, completion=None,
+                 tokens=None) -> packing.PackPlan:
     mask_bt = np.asarray(mask_bt, bool)
     if spec.drop_zero_advantage and advantages is not None:
       keep = np.array(_informative(np.asarray(advantages)))
       if not keep.any():  # nothing to learn from: one row keeps the plan's shapes valid
         keep[0] = True
       mask_bt = mask_bt & keep[:, None]
-    return packing.plan_batch(mask_bt, n_mb, n_acc, multiple=multiple)
+    share = spec.share_prompts and completion is not None
+    if share and tokens is None:
+      raise ValueError("algo.share_prompts: plan_batch needs the batch's tokens")
+    return packing.plan_batch(mask_bt, n_mb, n_acc, multiple=multiple,
+                              completion_bt=None if completion is None else np.asarray(completion),
+                              tokens_bt=None if tokens is None else np.asarray(tokens),
+                              share_prompts=share)
 
   def packed_train_step(state: TrainState, batch: Rollout, weights=None, staleness=None,
                         plan=None):
@@ -628,10 +635,13 @@ def _with_packing(jitted, spec: AlgoSpec) -> Callable:
         and getattr(mask, "is_fully_addressable", True)  # a multi-process batch: the caller plans
         and mask.shape[0] % (n_mb * n_acc) == 0):  # else the jitted step raises or runs full
       adv = np.asarray(batch.advantages) if spec.drop_zero_advantage else None
-      plan = plan_batch(np.asarray(mask), advantages=adv)
+      plan = plan_batch(np.asarray(mask), advantages=adv,
+                        completion=np.asarray(batch.completion_mask),
+                        tokens=np.asarray(batch.tokens) if spec.share_prompts else None)
     return jitted(state, batch, weights, staleness, plan)
 
   plan_batch.drops_zero_advantage = spec.drop_zero_advantage  # the caller copies advantages
+  plan_batch.shares_prompts = spec.share_prompts  # ... and tokens
   packed_train_step.plan_batch = plan_batch
   packed_train_step.lower = jitted.lower
   return packed_train_step

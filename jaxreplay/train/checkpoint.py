@@ -438,7 +438,7 @@ BEHAVES_AS_ABSENT = {"rollout.behaviour_logprobs": "sampler", "eval.batch_rows":
                      "sampler.paged": False, "sampler.page_size": 16, "sampler.num_pages": 0,
                      "sampler.attention": "auto", "sampler.overlap_host_check": False,
                      "sampler.on_weight_swap": "recompute",
-                     "algo.pack_sequences": False,
+                     "algo.pack_sequences": False, "algo.share_prompts": False,
                      # optional model keys before the model spec stated them (absent = off)
                      "model.scan_layers": False, "model.remat": "none", "model.attention": "auto",
                      # the self-tuning replay section, off, before the trainer had it

@@ -150,7 +150,9 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
     adv = (multihost.to_host(s.items.advantages) if plan_batch.drops_zero_advantage
            else None)  # a host copy only when the plan needs it
     plan = plan_batch(multihost.to_host(s.items.attention_mask), multiple=shards,
-                      advantages=adv)
+                      advantages=adv, completion=multihost.to_host(s.items.completion_mask),
+                      tokens=multihost.to_host(s.items.tokens) if plan_batch.shares_prompts
+                      else None)
     state, metrics = update_jit(state, s, sharding_lib.place_rows(plan, mesh))
     metrics.update(batch_metrics)
     metrics["learner_padding"] = np.float32(np.mean(plan.segment_ids == 0))
