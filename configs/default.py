@@ -145,9 +145,10 @@ def get_config():
       # grad_accum_steps: micro-batches per optimizer step (gradients summed, the same
       # update in less memory); logprob_chunk: positions per chunk of the learner's
       # log-softmax over the vocabulary (0 = the whole sequence at once); pack_sequences:
-      # the learner runs on the batch's real tokens packed into rows, not the padded batch.
+      # the learner runs on the batch's real tokens packed into rows, not the padded batch;
+      # share_prompts: packed, a group's rollouts run their common prompt once.
       update_epochs=1, num_minibatches=1, grad_accum_steps=1, logprob_chunk=0,
-      pack_sequences=True,
+      pack_sequences=True, share_prompts=False,
       lr=1e-4, warmup_steps=10, lr_schedule="cosine", final_lr_fraction=0.1,
       max_grad_norm=1.0, weight_decay=0.0,
       max_consecutive_skips=10, skip_zero_gradient=False, drop_zero_advantage=False,
