@@ -495,17 +495,24 @@ def test_shared_prompt_plan_by_hand():
   np.testing.assert_array_equal(plan.dst, [[0, 0, 1, 2, 3], [0, 0, 1, 4, 0]])
   np.testing.assert_array_equal(plan.keep, [[0, 0, 1, 1, 1], [0, 0, 1, 1, 0]])
   # scored: the completion tokens at slots 2, 3, 4, predicted from slots 1, 2 and 1
-  np.testing.assert_array_equal(plan.score_slot[0][plan.score_valid[0]], [2, 3, 4])
-  np.testing.assert_array_equal(plan.score_pred[0][plan.score_valid[0]], [1, 2, 1])
+  np.testing.assert_array_equal(plan.score_slot, [[2, 3, 4]])
+  np.testing.assert_array_equal(plan.score_pred, [[1, 2, 1]])
   # without sharing: the two sequences end to end, each completion predicted by its own past
   flat = jax.tree.map(lambda x: x[0, 0], packing.plan_batch(attn, completion_bt=comp,
                                                             quantum=8))
   assert flat.prefix_ids is None
   np.testing.assert_array_equal(tokens.reshape(-1)[flat.src] * flat.mask,
                                 [[5, 6, 7, 8, 0], [5, 6, 9, 0, 0]])  # two rows: 4 + 3 > 5
-  np.testing.assert_array_equal(flat.score_slot[0][flat.score_valid[0]], [2, 3])
-  np.testing.assert_array_equal(flat.score_slot[1][flat.score_valid[1]], [2])
-  np.testing.assert_array_equal(flat.score_pred[flat.score_valid], [1, 2, 1])
+  # one block of both rows (flat slots r · 5 + s): 2, 3 in row 0, 2 in row 1; N rounded up
+  # to a multiple of 10 / 8 -> 2 slots
+  np.testing.assert_array_equal(flat.score_slot, [[2, 3, 7, 0]])
+  np.testing.assert_array_equal(flat.score_pred, [[1, 2, 6, 0]])
+  np.testing.assert_array_equal(flat.score_valid, [[True, True, True, False]])
+  # two blocks (two batch devices): one row each, the shorter block padded
+  two = jax.tree.map(lambda x: x[0, 0], packing.plan_batch(attn, completion_bt=comp,
+                                                           multiple=2, quantum=8))
+  np.testing.assert_array_equal(two.score_slot, [[2, 3], [2, 0]])
+  np.testing.assert_array_equal(two.score_valid, [[True, True], [True, False]])
 
 
 def test_shared_units_split_to_fit_the_width():

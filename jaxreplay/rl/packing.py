@@ -32,9 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-SCORE_QUANTUM = 32
-"""A packed row's scored slots (``PackPlan.score_slot``) are kept in a multiple of this
-many entries (at most W): few enough counts that a run compiles a handful of shapes."""
+SCORE_FRACTIONS = 8
+"""The scored slots of a block of packed rows (``PackPlan.score_slot``) are kept in a
+multiple of 1/8 of the block's slots: at most 8 counts per plan shape, at most 1/8 padded."""
 
 WIDTH_QUANTUM = 64
 """Packed learner rows are T wide or a multiple of this many tokens (``pack_width``): a
@@ -65,13 +65,14 @@ class PackPlan:
     prefix_ids: [R, W] int32 or None: with shared prompts (``plan_batch(share_prompts=
       True)``), the segment each token may attend to besides its own: a completion's
       prompt (its own segment for a prompt token); 0 on empty slots. None: segments alone.
-    score_slot: [R, N] int32 or None: the slots (within the row) of the tokens whose
-      log-probs the loss reads (``plan_batch(completion_bt=...)``: completion tokens),
-      in slot order, N ≤ W common to all rows; 0 past a row's count.
-    score_pred: [R, N] int32 or None: the slot of the hidden state that predicts each
-      ``score_slot`` token (the slot before it, or for a completion's first token under a
-      shared prompt, the prompt's last slot).
-    score_valid: [R, N] bool or None: True on a row's first count entries.
+    score_slot: [G, N] int32 or None: the slots of the tokens whose log-probs the loss
+      reads (``plan_batch(completion_bt=...)``: completion tokens), in order, for each of
+      G blocks of R / G consecutive rows: flat indices r · W + s within the block (r the
+      row in the block); 0 past a block's count (``add_score_slots``).
+    score_pred: [G, N] int32 or None: the slot (flat, as ``score_slot``) of the hidden
+      state that predicts each ``score_slot`` token: the slot before it, or for a
+      completion's first token under a shared prompt, the prompt's last slot.
+    score_valid: [G, N] bool or None: True on a block's first count entries.
   """
 
   src: jax.Array
@@ -363,37 +364,52 @@ def place_units(mask_bt: np.ndarray, completion_bt: np.ndarray, units, bins: np.
 
 
 def add_score_slots(plan: PackPlan, completion: np.ndarray, pred: np.ndarray | None = None,
-                    quantum: int = SCORE_QUANTUM) -> PackPlan:
-  """``plan`` with ``score_slot``/``score_pred``/``score_valid``: each packed row's
-  completion tokens, the only ones whose log-probs the loss reads.
+                    groups: int = 1, fractions: int = SCORE_FRACTIONS) -> PackPlan:
+  """``plan`` with ``score_slot``/``score_pred``/``score_valid``: the completion tokens of
+  its packed rows, the only ones whose log-probs the loss reads.
 
   The learner then runs the output head and the log-softmax on those slots alone
   (``scoring.packed_scores``), not on every slot: a prompt token's next-token
-  distribution feeds no loss term.
+  distribution feeds no loss term. The R rows are taken in ``groups`` blocks of R / G
+  consecutive rows (the blocks the batch devices hold, ``sharding.place_rows``) and each
+  block's scored slots are listed flat, so only the last entries of a block are padding.
 
   Args:
     plan: PackPlan of numpy arrays with leaves [..., R, W] / [..., Bg, T] (any leading
-      axes, the same for ``completion``).
+      axes).
     completion: [..., Bg, T] bool, the completion tokens of the plan's rows (leading axes
       broadcast against the plan's: [n_mb, 1, Bg, T] for ``plan_batch``'s [n_mb, S]).
-    pred: [..., R, W] int, the predicting slot of each slot (-1: none); None: the slot
-      before it within the same sequence (``positions`` > 0).
-    quantum: > 0; N is the most scored slots of any row rounded up to it, at most W.
+    pred: [..., R, W] int, the predicting slot (within its row) of each slot (-1: none);
+      None: the slot before it within the same sequence (``positions`` > 0).
+    groups: G ≥ 1, dividing R.
+    fractions: > 0; N, the entries per block, is the most scored slots of any block
+      rounded up to a multiple of (R / G) · W / ``fractions``: at most that many values of
+      N per plan shape (a run compiles few shapes), at most that fraction padded.
 
   Returns:
-    The plan with the three fields, [..., R, N].
+    The plan with the three fields, [..., G, N]: flat slot indices r · W + s within the
+    block (r its row in the block), 0 and False past a block's count.
+
+  Raises:
+    ValueError: ``groups`` does not divide R.
   """
   src = np.asarray(plan.src)
-  w = src.shape[-1]
+  *lead, r, w = src.shape
+  if r % groups:
+    raise ValueError(f"groups={groups} must divide the {r} packed rows")
   comp = np.asarray(completion, bool)
-  lead = src.shape[:-2]
-  flat = np.broadcast_to(comp.reshape(*comp.shape[:-2], -1), (*lead, comp.shape[-2] * comp.shape[-1]))
+  flat = np.broadcast_to(comp.reshape(*comp.shape[:-2], -1),
+                         (*lead, comp.shape[-2] * comp.shape[-1]))
   scored = np.take_along_axis(flat, src.reshape(*lead, -1), -1).reshape(src.shape)
   if pred is None:
     pred = np.where(np.asarray(plan.positions) > 0, np.arange(w) - 1, -1)
   scored &= (np.asarray(plan.segment_ids) > 0) & (pred >= 0)
+  block = (r // groups) * w
+  row0 = (np.arange(r) % (r // groups) * w)[:, None]  # each row's first slot in its block
+  pred = np.where(pred >= 0, pred + row0, -1).reshape(*lead, groups, block)
+  scored = scored.reshape(*lead, groups, block)
   most = int(scored.sum(-1).max()) if scored.size else 0
-  n = min(w, round_up(max(most, 1), quantum))
+  n = min(block, round_up(max(most, 1), max(1, -(-block // fractions))))
   order = np.argsort(~scored, axis=-1, kind="stable")[..., :n]  # scored slots first, in order
   valid = np.take_along_axis(scored, order, -1)
   return plan.replace(score_slot=np.where(valid, order, 0).astype(np.int32),
@@ -532,7 +548,7 @@ def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: 
     PackPlan of numpy arrays with leading axes [n_mb, S]: src, segment_ids, positions
     [n_mb, S, R, W]; dst, keep [n_mb, S, B/n_mb, T] (a step's ``dst`` and ``keep`` cover
     its own sequences; ``merge_steps`` joins the steps' outputs); with ``completion_bt``
-    score_slot, score_pred, score_valid [n_mb, S, R, N]; shared, prefix_ids [n_mb, S, R, W].
+    score_slot, score_pred, score_valid [n_mb, S, G, N] (G = ``multiple``); shared, prefix_ids [n_mb, S, R, W].
 
   Raises:
     ValueError: ``mask_bt`` not 2-D; n_mb · n_acc does not divide B; ``share_prompts``
@@ -560,11 +576,14 @@ def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: 
     placed = [place_units(m, c, u, x[:len(u)], steps, rows, width)
               for m, c, (u, _), x in zip(minibatches, comp, units, bins)]
     plan = jax.tree.map(lambda *xs: np.stack(xs), *[p for p, _ in placed])
-    return add_score_slots(plan, comp[:, None], np.stack([r for _, r in placed]))
+    return add_score_slots(plan, comp[:, None], np.stack([r for _, r in placed]),
+                           groups=multiple)
   width, bins, steps, rows = pack_width(minibatches.sum(2), t, budget, multiple, quantum)
   plans = [place_bins(m, x, steps, rows, width) for m, x in zip(minibatches, bins)]
   plan = jax.tree.map(lambda *xs: np.stack(xs), *plans)
-  return plan if completion_bt is None else add_score_slots(plan, split(completion_bt)[:, None])
+  if completion_bt is None:
+    return plan
+  return add_score_slots(plan, split(completion_bt)[:, None], groups=multiple)
 
 
 def step_rows(plan: PackPlan) -> jax.Array:

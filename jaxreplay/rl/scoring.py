@@ -353,14 +353,17 @@ def packed_scores(graphdef: nnx.GraphDef, params, tokens: jax.Array, plan: packi
   tok_rw = packing.pack(tokens, plan)
   shared = {} if plan.prefix_ids is None else {"prefix_ids": plan.prefix_ids}
   hidden = model.hidden(tok_rw, plan.mask, plan.segment_ids, plan.positions, **shared)
-  if plan.score_slot is not None:  # the slots the loss reads: each row's completion tokens
-    h = jnp.take_along_axis(hidden, plan.score_pred[..., None], axis=1)  # [R, N, D]
-    nxt = jnp.take_along_axis(tok_rw, plan.score_slot, axis=1)
+  if plan.score_slot is not None:  # the slots the loss reads: the completion tokens
+    g = plan.score_slot.shape[0]  # blocks of R / G rows, one per batch device
+    h = jnp.take_along_axis(hidden.reshape(g, -1, hidden.shape[-1]),
+                            plan.score_pred[..., None], axis=1)  # [G, N, D]
+    nxt = jnp.take_along_axis(tok_rw.reshape(g, -1), plan.score_slot, axis=1)
     project = _projector(model) if chunk else model.project_logits
     out = scores_at(project, h, nxt, chunk, temperature, top_k, top_p)
-    zeros = jnp.zeros(tok_rw.shape, jnp.float32)
+    zeros = jnp.zeros((g, tok_rw.size // g), jnp.float32)
     logp, ent = (jax.vmap(lambda z, i, x: z.at[i].add(x))(
-        zeros, plan.score_slot, jnp.where(plan.score_valid, x, 0.0)) for x in out)
+        zeros, plan.score_slot, jnp.where(plan.score_valid, x, 0.0)).reshape(tok_rw.shape)
+        for x in out)
   elif chunk:
     logp, ent = chunked_scores(_projector(model), hidden, tok_rw, chunk, temperature,
                                top_k, top_p)
