@@ -48,6 +48,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -119,8 +120,12 @@ def run_jaxreplay(args, workdir: str) -> dict:
   cmd += [f"--config.{s}" for s in args.set]
   print("jaxreplay:", " ".join(cmd), flush=True)
   t0 = time.time()
-  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+  # JAX logs each XLA compilation's seconds: what the run spent compiling, in all
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                        env=dict(os.environ, JAX_LOG_COMPILES="1"))
   wall = time.time() - t0
+  compiles = [float(x) for x in re.findall(r"Finished XLA compilation of \S+ in ([0-9.]+) sec",
+                                           proc.stderr)]
   if proc.returncode != 0:
     print(proc.stdout[-3000:], proc.stderr[-6000:], sep="\n")
     raise SystemExit(f"jaxreplay exited {proc.returncode}")
@@ -137,6 +142,7 @@ def run_jaxreplay(args, workdir: str) -> dict:
     return {k.split("/acc_")[1]: r[k] for k in r if k.startswith("eval/acc_")}
 
   return {"gen_s": gen.tolist(), "learner_s": train.tolist(), "wall_s": wall,
+          "compile_s": float(sum(compiles)), "compiles": len(compiles),
           "acc_before": accs(first), "acc_after": accs(last),
           "eval_steps": [min(evals), max(evals)],
           "completion_len": [r.get("completion_len") for r in steps]}
@@ -327,6 +333,10 @@ def main(argv=None) -> int:
       r["median_step_s"] = median_step(r)
       r["median_gen_s"] = float(np.median(r["gen_s"][1:]))
       r["median_learner_s"] = float(np.median(r["learner_s"][1:]))
+      if "compile_s" in r:
+        print(f"{lib}: {r['compiles']} XLA compilations took {r['compile_s']:.1f} s of the "
+              f"{sum(r['gen_s']) + sum(r['learner_s']):.1f} s of generation and learning "
+              "(evaluations included in the compilations)")
       print(f"{lib}: median step {r['median_step_s']:.2f} s (generate {r['median_gen_s']:.2f}, "
             f"learner {r['median_learner_s']:.2f}); held-out sampled/greedy "
             f"{r['acc_before']['sampled']:.3f}/{r['acc_before']['greedy']:.3f} -> "
