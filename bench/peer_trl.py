@@ -19,7 +19,8 @@ engine and packed learner, TRL's ``model.generate`` and its PyTorch learner. The
 which each draws training prompts differs (each library's own sampler, same seed).
 
 Per learner step it records generation seconds and learner seconds: jaxreplay's own
-``generate_s``/``train_s`` metrics; for TRL, the time inside ``GRPOTrainer._generate``
+``generate_s``/``train_s`` metrics (XLA compilations included; the run's compilation
+seconds in all, from ``JAX_LOG_COMPILES``, are reported beside them); for TRL, the time inside ``GRPOTrainer._generate``
 (generation alone) and the rest of the step (rewards, log-probs, loss, backward, optimizer).
 The held-out accuracy (greedy and sampled, ``eval.num_examples`` questions, the preset's
 ``eval.samples_per_example``) is measured before and after the run for both, graded by the

@@ -110,3 +110,31 @@ def test_the_transformer_stays_packed_without_a_notice(caplog):
   with caplog.at_level(logging.WARNING):
     step = ts.make_train_step(graphdef, ts.make_optimizer(spec, 100), spec, temperature=1.0)
   assert hasattr(step, "plan_batch") and _notices(caplog) == []
+
+
+class Packable(CallOnly):
+  """Packs (``hidden`` with segments and positions, ``project_logits``) but has no
+  ``prefix_ids``: it cannot share prompts."""
+
+  def hidden(self, tokens, attention_mask, segment_ids=None, positions=None):
+    return self.embed(tokens)
+
+  def project_logits(self, h):
+    return self.out(h)
+
+
+def test_share_prompts_without_prefix_ids_packs_each_prompt_after_one_line(caplog):
+  with caplog.at_level(logging.WARNING):
+    _, state, metrics, step = _one_step(Packable(nnx.Rngs(0)), share_prompts=True)
+  notes = [r.getMessage() for r in caplog.records if "share_prompts" in r.getMessage()]
+  assert notes == ["the policy Packable's hidden() takes no prefix_ids, which "
+                   "algo.share_prompts needs: packing each prompt with its rollout "
+                   "(algo.share_prompts=False)"]
+  assert not step.plan_batch.shares_prompts and int(state.step) == 1
+  b = _batch()
+  plan = step.plan_batch(np.asarray(b.attention_mask), completion=np.asarray(b.completion_mask))
+  assert plan.prefix_ids is None and plan.score_slot is not None
+  # a policy with only __call__ falls back to the unpacked learner, sharing off as well
+  with caplog.at_level(logging.WARNING):
+    _, state, _, step = _one_step(CallOnly(nnx.Rngs(0)), share_prompts=True)
+  assert not hasattr(step, "plan_batch") and int(state.step) == 1

@@ -23,6 +23,11 @@ rows, and rows of width W < T (a multiple of ``WIDTH_QUANTUM``, at least the lon
 sequence) that hold them in fewer slots are taken instead. The gradient-free scoring
 passes, which take fixed rows at a time, pack each pass's rows at width T
 (``plan_groups``).
+
+Given the completion masks, a learner plan also lists the completion slots
+(``add_score_slots``), the only ones whose log-probs a loss reads, so the output head runs on
+those alone; with ``share_prompts`` the rows of a minibatch that share a prompt are packed as
+one unit, the prompt once and then each completion (``shared_units``, ``place_units``).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ parameters and optimizer state untouched and is reported in the metrics.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable
 
 import flax.struct
@@ -69,7 +70,8 @@ def fit_to_policy(graphdef: nnx.GraphDef, spec: AlgoSpec) -> AlgoSpec:
     graphdef: the policy graph. spec: the ``AlgoSpec``.
 
   Returns:
-    The spec, with ``pack_sequences`` off where the policy cannot be packed.
+    The spec, with ``pack_sequences`` off where the policy cannot be packed, and
+    ``share_prompts`` off where its ``hidden`` takes no ``prefix_ids`` (one warning).
 
   Raises:
     ValueError: ``algo.logprob_chunk > 0`` with a method missing (one line naming the
@@ -77,9 +79,15 @@ def fit_to_policy(graphdef: nnx.GraphDef, spec: AlgoSpec) -> AlgoSpec:
       would materialise the [B, T, V] logits the option was set to avoid.
   """
   missing = missing_methods(graphdef)
-  if not missing:
-    return spec
   name = graphdef.nodes[0].type.__name__
+  if not missing:
+    if spec.share_prompts and "prefix_ids" not in inspect.signature(
+        graphdef.nodes[0].type.hidden).parameters:
+      logging.warning("the policy %s's hidden() takes no prefix_ids, which algo.share_prompts "
+                      "needs: packing each prompt with its rollout (algo.share_prompts=False)",
+                      name)
+      spec = dataclasses.replace(spec, share_prompts=False)
+    return spec
   if spec.logprob_chunk:
     raise ValueError(f"algo.logprob_chunk={spec.logprob_chunk} needs the policy methods "
                      f"{' and '.join(HIDDEN_METHODS)}; {name} lacks {' and '.join(missing)}: "
@@ -87,7 +95,7 @@ def fit_to_policy(graphdef: nnx.GraphDef, spec: AlgoSpec) -> AlgoSpec:
   if spec.pack_sequences:
     logging.warning("the policy %s lacks %s, which algo.pack_sequences needs: training "
                     "unpacked (algo.pack_sequences=False)", name, " and ".join(missing))
-    spec = dataclasses.replace(spec, pack_sequences=False)
+    spec = dataclasses.replace(spec, pack_sequences=False, share_prompts=False)
   return spec
 
 
