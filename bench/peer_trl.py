@@ -39,7 +39,11 @@ Prints one row per step for each library, the accuracies before and after, and e
 
 (median step seconds over steps 2..S, the first step's compilation excluded on both sides;
 speedup = trl_step_s / jaxreplay_step_s; accuracies are the sampled held-out accuracy after
-S steps, graded alike).
+S steps, graded alike). jaxreplay runs cold: its persistent compilation cache
+(``train.compilation_cache_dir``, on by default) starts empty, so every program it needs is
+compiled in the run, as on a machine's first run. With ``--warm`` it then runs again over
+that cache (what every later run of the same settings compiles: nothing it has seen) and
+prints ``warm: trl_step_s=F jaxreplay_warm_step_s=F speedup=F`` before the final line.
 """
 
 from __future__ import annotations
@@ -108,11 +112,12 @@ def grade(task, texts, examples) -> np.ndarray:
 
 # --- jaxreplay -------------------------------------------------------------------------------
 
-def run_jaxreplay(args, workdir: str) -> dict:
-  """Runs ``python -m jaxreplay.main`` with the same overrides; reads back its metrics."""
+def run_jaxreplay(args, workdir: str, cache_dir: str) -> dict:
+  """Runs ``python -m jaxreplay.main`` with the same overrides and its persistent
+  compilation cache in ``cache_dir``; reads back its metrics."""
   from jaxreplay.train.metrics import read_metrics
   cmd = [sys.executable, "-m", "jaxreplay.main", "--config", args.config,
-         f"--config.workdir={workdir}"]
+         f"--config.workdir={workdir}", f"--config.train.compilation_cache_dir={cache_dir}"]
   c = resolved_config(args.config, args.steps, args.set)
   for k in ("train.steps", "train.batch_size", "buffer.capacity", "eval.every",
             "checkpoint.every", "log.progress", "log.tensorboard", "drift.every"):
@@ -308,6 +313,9 @@ def main(argv=None) -> int:
   ap.add_argument("--device", default="", help="TRL's torch device (default: cuda if any)")
   ap.add_argument("--only", choices=("", "trl", "jaxreplay"), default="")
   ap.add_argument("--out", default="", help="write the JSON result here")
+  ap.add_argument("--warm", action="store_true",
+                  help="also rerun jaxreplay over the first run's compilation cache "
+                       "(reported as jaxreplay_warm; the final line stays the cold run's)")
   args = ap.parse_args(argv)
   if args.steps < 2:
     ap.error("--steps must be >= 2 (the first step's compilation is excluded)")
@@ -322,10 +330,14 @@ def main(argv=None) -> int:
                      "date": time.strftime("%Y-%m-%d")}}
   with tempfile.TemporaryDirectory() as tmp:
     if args.only in ("", "jaxreplay"):
-      res["jaxreplay"] = run_jaxreplay(args, os.path.join(tmp, "jaxreplay"))
+      # cold: an empty compilation cache, as a first run on a machine compiles everything
+      cache = os.path.join(tmp, "xla")
+      res["jaxreplay"] = run_jaxreplay(args, os.path.join(tmp, "jaxreplay"), cache)
+      if args.warm:  # the same run again over the first one's cache: what a rerun compiles
+        res["jaxreplay_warm"] = run_jaxreplay(args, os.path.join(tmp, "jaxreplay_warm"), cache)
     if args.only in ("", "trl"):
       res["trl"] = run_trl(args, os.path.join(tmp, "trl"))
-  for lib in ("jaxreplay", "trl"):
+  for lib in ("jaxreplay", "jaxreplay_warm", "trl"):
     if lib in res:
       r = res[lib]
       print(f"\n{lib}: step  generate_s  learner_s")
@@ -350,6 +362,10 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
       json.dump(res, fh, indent=1)
+  if "trl" in res and "jaxreplay_warm" in res:
+    t, j = res["trl"]["median_step_s"], res["jaxreplay_warm"]["median_step_s"]
+    print(f"warm: trl_step_s={t:.3f} jaxreplay_warm_step_s={j:.3f} "
+          f"speedup={t / j if j > 0 else math.nan:.2f}")
   if "trl" in res and "jaxreplay" in res:
     t, j = res["trl"]["median_step_s"], res["jaxreplay"]["median_step_s"]
     print(f"trl_step_s={t:.3f} jaxreplay_step_s={j:.3f} "
