@@ -585,3 +585,35 @@ def test_share_prompts_needs_packing_and_no_value_head():
     AlgoSpec.from_config({"share_prompts": True, "pack_sequences": False})
   with pytest.raises(ValueError, match=r"algo\.share_prompts=True.*advantage='gae'"):
     AlgoSpec.from_config({"share_prompts": True, "advantage": "gae"})
+
+
+@pytest.mark.numerics
+def test_shared_prompts_on_eight_devices_equal_one(logp_atol):
+  """The shared-prompt plan with its scored slots in one block per device (``multiple=8``,
+  rows placed over the data axis) gives the step one device gives (blocks of one)."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices; see tests/conftest.py")
+  from jaxreplay.parallel import sharding
+  graphdef, params = nnx.split(Transformer(CFG, nnx.Rngs(0)), nnx.Param)
+  batch = _grouped_batch(graphdef, params)
+  spec = AlgoSpec.from_config(dict(share_prompts=True, warmup_steps=0, lr=1e-2,
+                                   lr_schedule="constant", staleness_buckets=(0,)))
+  opt = train_step.make_optimizer(spec, 10)
+  step = train_step.make_train_step(graphdef, opt, spec, 1.0)
+  host = [np.asarray(x) for x in (batch.attention_mask, batch.completion_mask, batch.tokens)]
+  out = {}
+  for n in (1, 8):
+    mesh = sharding.make_mesh(data=n, fsdp=1, tensor=1, devices=jax.devices()[:n])
+    plan = step.plan_batch(host[0], multiple=n, completion=host[1], tokens=host[2])
+    assert plan.score_slot.shape[-2] == n and plan.prefix_ids is not None
+    state = train_step.init_train_state(graphdef, sharding.shard_params(params, mesh), opt, spec)
+    with jax.set_mesh(mesh):
+      out[n] = step(state, sharding.shard_batch(batch, mesh), None, None,
+                    sharding.place_rows(plan, mesh))
+  (s1, m1), (s8, m8) = out[1], out[8]
+  n_tok = int(host[1].sum())
+  np.testing.assert_allclose(float(m8["loss"]), float(m1["loss"]), rtol=reorder_tol(n_tok),
+                             atol=logp_atol)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      np.asarray(a), np.asarray(b), rtol=2 * reorder_tol(2),
+      atol=2 * 1e-2 * reorder_tol(2 * N_FWD + B * T)), s8.params, s1.params)
