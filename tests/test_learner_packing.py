@@ -606,7 +606,8 @@ def test_shared_prompts_on_eight_devices_equal_one(logp_atol):
     mesh = sharding.make_mesh(data=n, fsdp=1, tensor=1, devices=jax.devices()[:n])
     plan = step.plan_batch(host[0], multiple=n, completion=host[1], tokens=host[2])
     assert plan.score_slot.shape[-2] == n and plan.prefix_ids is not None
-    state = train_step.init_train_state(graphdef, sharding.shard_params(params, mesh), opt, spec)
+    fresh = jax.tree.map(jnp.copy, params)  # the step donates its state
+    state = train_step.init_train_state(graphdef, sharding.shard_params(fresh, mesh), opt, spec)
     with jax.set_mesh(mesh):
       out[n] = step(state, sharding.shard_batch(batch, mesh), None, None,
                     sharding.place_rows(plan, mesh))
