@@ -120,6 +120,10 @@ def get_config():
                                         # JAX's persistent compilation cache ("" = off):
                                         # restarts load their programs, not compile them
                                         compilation_cache_dir="~/.cache/jaxreplay/xla",
+                                        # a packed learner shape's compile cost in steps:
+                                        # batches reuse larger compiled shapes until their
+                                        # padding wastes that much (0 = always compile)
+                                        compile_cost_steps=0.0,
                                         # of each GPU's memory for JAX (0 = its 0.75)
                                         device_memory_fraction=0.0))
   # Reverb-style samples-per-insert limiter (async mode). samples_per_insert ρ is the replay

@@ -618,3 +618,62 @@ def test_shared_prompts_on_eight_devices_equal_one(logp_atol):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(
       np.asarray(a), np.asarray(b), rtol=2 * reorder_tol(2),
       atol=2 * 1e-2 * reorder_tol(2 * N_FWD + B * T)), s8.params, s1.params)
+
+
+def test_plan_into_a_compiled_larger_shape_by_hand(setup):
+  """``plan_batch(shape=...)`` packs the batch at a given (S, R, W, N): the same bins over
+  its steps and rows, with more empty slots and here an empty step; too small raises."""
+  _, _, batch = setup
+  attn, comp = np.asarray(batch.attention_mask), np.asarray(batch.completion_mask)
+  own = packing.plan_batch(attn, 1, 2, completion_bt=comp)
+  # 8 sequences of 10, 3, 6, 1, 6, 7, 7, 5 tokens at W = T = 10: 6 bins {10}, {7, 3},
+  # {7, 1}, {6}, {6}, {5}; a step holds 4 rows unpacked, so 2 steps of R = 3. The steps
+  # score 6 + 5 + 1 + 4 and 3 + 2 + 1 completion tokens: N = 16 (a multiple of 30 / 8)
+  assert packing.plan_shape(own) == packing.PlanShape(2, 3, 10, 16, 1)
+  big = packing.PlanShape(steps=3, rows=4, width=10, scored=40)
+  plan = packing.plan_batch(attn, 1, 2, completion_bt=comp, shape=big)
+  assert packing.plan_shape(plan) == big
+  rows = lambda p: sorted(map(tuple, p.src[p.segment_ids.any(-1)].tolist()))  # noqa: E731
+  assert rows(plan) == rows(own)  # the same 6 bins: 4 in step 0, 2 in step 1, none in 2
+  assert plan.segment_ids[0, 0].any(-1).tolist() == [True] * 4
+  assert plan.segment_ids[0, 1].any(-1).tolist() == [True, True, False, False]
+  assert not plan.keep[0, 2].any() and not plan.score_valid[0, 2].any()
+  assert plan.score_valid[0].sum() == own.score_valid[0].sum() == 22
+  with pytest.raises(ValueError, match="needs 6 packed rows of width 10"):
+    packing.plan_batch(attn, 1, 2, completion_bt=comp, shape=packing.PlanShape(1, 4, 10, 40))
+  with pytest.raises(ValueError, match="lengths must be in"):  # a 10-token sequence
+    packing.plan_batch(attn, 1, 2, completion_bt=comp, shape=packing.PlanShape(2, 8, 8, 40))
+  with pytest.raises(ValueError, match="scored=8 must hold the 16 scored slots"):
+    packing.plan_batch(attn, 1, 2, completion_bt=comp, shape=packing.PlanShape(2, 3, 10, 8))
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("share", [False, True], ids=["sequences", "shared_prompts"])
+def test_train_step_in_a_larger_shape_equals_its_own(logp_atol, share):
+  """A batch run in a compiled larger shape (``train.compile_cost_steps``: a wider row, more
+  rows, scored slots and an empty second step) takes the step its own shape takes, up to
+  float rounding."""
+  graphdef, params = nnx.split(Transformer(CFG, nnx.Rngs(0)), nnx.Param)
+  batch = _grouped_batch(graphdef, params)
+  spec = AlgoSpec.from_config(dict(share_prompts=share, grad_accum_steps=2, warmup_steps=0,
+                                   lr=1e-2, lr_schedule="constant", staleness_buckets=(0,)))
+  opt = train_step.make_optimizer(spec, 10)
+  step = train_step.make_train_step(graphdef, opt, spec, 1.0)
+  host = dict(completion=np.asarray(batch.completion_mask), tokens=np.asarray(batch.tokens))
+  attn = np.asarray(batch.attention_mask)
+  own = step.plan_batch(attn, **host)
+  s, r, w, n, g = packing.plan_shape(own)
+  big = packing.PlanShape(s + 1, r + 2, T, 2 * n, g)
+  assert (s, w) != (big.steps, big.width)
+  out = []
+  for plan in (own, step.plan_batch(attn, shape=big, **host)):
+    state = train_step.init_train_state(graphdef, jax.tree.map(jnp.copy, params), opt, spec)
+    out.append(step(state, batch, None, None, plan))
+  (s1, m1), (s2, m2) = out
+  n_tok = int(host["completion"].sum())
+  for key in ("loss", "pg_loss", "entropy"):
+    np.testing.assert_allclose(float(m2[key]), float(m1[key]), rtol=reorder_tol(n_tok),
+                               atol=logp_atol, err_msg=key)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      a, b, rtol=2 * reorder_tol(2), atol=2 * 1e-2 * reorder_tol(2 * N_FWD + B * T)),
+      s2.params, s1.params)

@@ -32,6 +32,9 @@ one unit, the prompt once and then each completion (``shared_units``, ``place_un
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -94,6 +97,36 @@ class PackPlan:
   def mask(self) -> jax.Array:
     """[R, W] bool, True on slots that hold a real token."""
     return self.segment_ids > 0
+
+
+class PlanShape(NamedTuple):
+  """The static shape of a learner plan (``plan_batch``): what its jitted update compiles.
+
+  Attributes:
+    steps: S, accumulation steps. rows: R, packed rows per step. width: W, the row width
+      in tokens. scored: N, scored slots per block (0: the plan lists none). groups: G,
+      the blocks of R / G rows (the batch devices).
+  """
+  steps: int
+  rows: int
+  width: int
+  scored: int = 0
+  groups: int = 1
+
+  @property
+  def cost(self) -> int:
+    """S · (R · W + G · N): the slots the trunk runs plus the slots the output head runs
+    on, over the S steps (a proxy of the update's work, in token slots)."""
+    return self.steps * (self.rows * self.width + self.groups * self.scored)
+
+
+def plan_shape(plan: PackPlan) -> PlanShape:
+  """The ``PlanShape`` of a ``plan_batch`` plan (leaves [n_mb, S, ...])."""
+  *_, steps, rows, width = np.shape(plan.src)
+  if plan.score_slot is None:
+    return PlanShape(steps, rows, width)
+  *_, groups, scored = np.shape(plan.score_slot)
+  return PlanShape(steps, rows, width, scored, groups)
 
 
 def bucket_rows(n: int, cap: int) -> int:
@@ -369,7 +402,8 @@ def place_units(mask_bt: np.ndarray, completion_bt: np.ndarray, units, bins: np.
 
 
 def add_score_slots(plan: PackPlan, completion: np.ndarray, pred: np.ndarray | None = None,
-                    groups: int = 1, fractions: int = SCORE_FRACTIONS) -> PackPlan:
+                    groups: int = 1, fractions: int = SCORE_FRACTIONS,
+                    slots: int | None = None) -> PackPlan:
   """``plan`` with ``score_slot``/``score_pred``/``score_valid``: the completion tokens of
   its packed rows, the only ones whose log-probs the loss reads.
 
@@ -390,13 +424,15 @@ def add_score_slots(plan: PackPlan, completion: np.ndarray, pred: np.ndarray | N
     fractions: > 0; N, the entries per block, is the most scored slots of any block
       rounded up to a multiple of (R / G) · W / ``fractions``: at most that many values of
       N per plan shape (a run compiles few shapes), at most that fraction padded.
+    slots: N itself (a compiled shape's, ``plan_batch(shape=...)``), or None as above.
 
   Returns:
     The plan with the three fields, [..., G, N]: flat slot indices r · W + s within the
     block (r its row in the block), 0 and False past a block's count.
 
   Raises:
-    ValueError: ``groups`` does not divide R.
+    ValueError: ``groups`` does not divide R; a block has more than ``slots`` scored
+      slots, or ``slots`` exceeds the block's slots.
   """
   src = np.asarray(plan.src)
   *lead, r, w = src.shape
@@ -415,6 +451,11 @@ def add_score_slots(plan: PackPlan, completion: np.ndarray, pred: np.ndarray | N
   scored = scored.reshape(*lead, groups, block)
   most = int(scored.sum(-1).max()) if scored.size else 0
   n = min(block, round_up(max(most, 1), max(1, -(-block // fractions))))
+  if slots is not None:
+    if not most <= slots <= block:
+      raise ValueError(f"scored={slots} must hold the {most} scored slots of a block and "
+                       f"be at most its {block} slots")
+    n = int(slots)
   order = np.argsort(~scored, axis=-1, kind="stable")[..., :n]  # scored slots first, in order
   valid = np.take_along_axis(scored, order, -1)
   return plan.replace(score_slot=np.where(valid, order, 0).astype(np.int32),
@@ -497,10 +538,36 @@ def pack_width(lengths: np.ndarray, width: int, budget: int, multiple: int = 1,
   return best[1:]
 
 
+def fixed_width(lengths: np.ndarray, shape: PlanShape,
+                multiple: int = 1) -> tuple[int, list[np.ndarray], int, int]:
+  """``pack_width``'s result at a given shape's W, S and R (a compiled shape reused).
+
+  Args:
+    lengths: [n_mb, Bm] int, each sequence's (or unit's) real tokens. shape: the S, R
+      and W to pack into. multiple: ≥ 1, must divide R.
+
+  Returns:
+    (W, bins, S, R), as ``pack_width``.
+
+  Raises:
+    ValueError: R not a multiple of ``multiple``; a sequence longer than W; a minibatch
+      needing more than S · R rows of width W.
+  """
+  if shape.rows % multiple:
+    raise ValueError(f"shape rows={shape.rows} must be a multiple of {multiple}")
+  lengths = np.asarray(lengths, np.int64).reshape(-1, np.shape(lengths)[-1])
+  bins = [first_fit_decreasing(m, shape.width) for m in lengths]
+  needed = max(int(x.max()) + 1 if x.size else 0 for x in bins)
+  if needed > shape.steps * shape.rows:
+    raise ValueError(f"the batch needs {needed} packed rows of width {shape.width}; the "
+                     f"shape holds {shape.steps} steps of {shape.rows}")
+  return shape.width, bins, shape.steps, shape.rows
+
+
 def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: int = 1,
                multiple: int = 1, quantum: int = WIDTH_QUANTUM,
                completion_bt: np.ndarray | None = None, tokens_bt: np.ndarray | None = None,
-               share_prompts: bool = False) -> PackPlan:
+               share_prompts: bool = False, shape: PlanShape | None = None) -> PackPlan:
   """The learner batch's packing plan: each minibatch packed whole, split into S steps.
 
   Minibatch m is rows [m·B/n_mb, (m+1)·B/n_mb), as the train step takes them. Its
@@ -541,6 +608,11 @@ def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: 
   completions, with the same attention per completion (``PackPlan.prefix_ids``). The
   units take the place of sequences above: whole units per step and row.
 
+  With ``shape`` (a shape the update has compiled, ``PlanShape``) the batch is packed at
+  its W into its S steps of R rows and N scored slots instead of the fewest slots: whole
+  sequences per step and row as above and the same per-token outputs, with more empty
+  slots (a later step may hold none).
+
   Args:
     mask_bt: [B, T] bool attention mask of the whole batch. num_minibatches: n_mb ≥ 1.
     grad_accum_steps: n_acc ≥ 1; n_mb · n_acc divides B. multiple: ≥ 1. quantum: the
@@ -548,6 +620,8 @@ def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: 
     completion_bt: optional [B, T] bool completion tokens (``Rollout.completion_mask``).
     tokens_bt: [B, T] int tokens, needed with ``share_prompts``.
     share_prompts: pack equal prompts once per unit (needs ``completion_bt``).
+    shape: optional ``PlanShape`` to pack into (its ``groups`` must be ``multiple``, its
+      ``scored`` 0 exactly when ``completion_bt`` is None).
 
   Returns:
     PackPlan of numpy arrays with leading axes [n_mb, S]: src, segment_ids, positions
@@ -557,7 +631,8 @@ def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: 
 
   Raises:
     ValueError: ``mask_bt`` not 2-D; n_mb · n_acc does not divide B; ``share_prompts``
-      without ``completion_bt`` and ``tokens_bt``.
+      without ``completion_bt`` and ``tokens_bt``; the batch does not fit ``shape``
+      (``fixed_width``, ``add_score_slots``).
   """
   mask_bt = np.asarray(mask_bt, bool)
   if mask_bt.ndim != 2:
@@ -569,6 +644,14 @@ def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: 
   split = lambda x: np.asarray(x).reshape(num_minibatches, b // num_minibatches, t)  # noqa: E731
   minibatches = split(mask_bt)
   budget = round_up(max(b // (num_minibatches * grad_accum_steps), 1), multiple)
+  if shape is not None and (shape.groups != multiple
+                            or (shape.scored > 0) != (completion_bt is not None)):
+    raise ValueError(f"shape {shape} does not match multiple={multiple} and "
+                     f"{'a' if completion_bt is not None else 'no'} completion mask")
+  layout = (functools.partial(pack_width, width=t, budget=budget, multiple=multiple,
+                              quantum=quantum) if shape is None
+            else functools.partial(fixed_width, shape=shape, multiple=multiple))
+  scored = None if shape is None else shape.scored
   if share_prompts:
     if completion_bt is None or tokens_bt is None:
       raise ValueError("share_prompts needs completion_bt and tokens_bt")
@@ -577,18 +660,18 @@ def plan_batch(mask_bt: np.ndarray, num_minibatches: int = 1, grad_accum_steps: 
     lengths = np.zeros((num_minibatches, max(len(u[0]) for u in units)), np.int64)
     for j, (_, n) in enumerate(units):
       lengths[j, :len(n)] = n
-    width, bins, steps, rows = pack_width(lengths, t, budget, multiple, quantum)
+    width, bins, steps, rows = layout(lengths)
     placed = [place_units(m, c, u, x[:len(u)], steps, rows, width)
               for m, c, (u, _), x in zip(minibatches, comp, units, bins)]
     plan = jax.tree.map(lambda *xs: np.stack(xs), *[p for p, _ in placed])
     return add_score_slots(plan, comp[:, None], np.stack([r for _, r in placed]),
-                           groups=multiple)
-  width, bins, steps, rows = pack_width(minibatches.sum(2), t, budget, multiple, quantum)
+                           groups=multiple, slots=scored)
+  width, bins, steps, rows = layout(minibatches.sum(2))
   plans = [place_bins(m, x, steps, rows, width) for m, x in zip(minibatches, bins)]
   plan = jax.tree.map(lambda *xs: np.stack(xs), *plans)
   if completion_bt is None:
     return plan
-  return add_score_slots(plan, split(completion_bt)[:, None], groups=multiple)
+  return add_score_slots(plan, split(completion_bt)[:, None], groups=multiple, slots=scored)
 
 
 def step_rows(plan: PackPlan) -> jax.Array:

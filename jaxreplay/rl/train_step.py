@@ -621,7 +621,7 @@ def _with_packing(jitted, spec: AlgoSpec) -> Callable:
   n_mb, n_acc = spec.num_minibatches, spec.grad_accum_steps
 
   def plan_batch(mask_bt: np.ndarray, multiple: int = 1, advantages=None, completion=None,
-                 tokens=None) -> packing.PackPlan:
+                 tokens=None, shape: packing.PlanShape | None = None) -> packing.PackPlan:
     mask_bt = np.asarray(mask_bt, bool)
     if spec.drop_zero_advantage and advantages is not None:
       keep = np.array(_informative(np.asarray(advantages)))
@@ -634,7 +634,7 @@ def _with_packing(jitted, spec: AlgoSpec) -> Callable:
     return packing.plan_batch(mask_bt, n_mb, n_acc, multiple=multiple,
                               completion_bt=None if completion is None else np.asarray(completion),
                               tokens_bt=None if tokens is None else np.asarray(tokens),
-                              share_prompts=share)
+                              share_prompts=share, shape=shape)
 
   def packed_train_step(state: TrainState, batch: Rollout, weights=None, staleness=None,
                         plan=None):

@@ -461,7 +461,8 @@ def _learner_fns(c: RunConfig, graphdef, optimizer, rb, cost, mesh, state_sh, bu
     learner_step = make_learner_step(train_step, rb, cost=cost, epochs=algo.update_epochs,
                                      forwards=accounting.learner_forwards(algo),
                                      mesh=mesh, state_sharding=state_sh,
-                                     buffer_sharding=buffer_sh)
+                                     buffer_sharding=buffer_sh,
+                                     compile_cost_steps=c.train.compile_cost_steps)
     ready = make_ready(rb)
     return LearnerFns(insert=make_inserter(rb, per_step, buffer_sh),
                       learner_step=learner_step,

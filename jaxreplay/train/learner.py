@@ -21,8 +21,10 @@ from jaxreplay import replay
 from jaxreplay.parallel import multihost
 from jaxreplay.parallel import sharding as sharding_lib
 from jaxreplay.replay import stats as replay_stats
+from jaxreplay.rl import packing
 from jaxreplay.rl.train_step import TrainState
 from jaxreplay.train import accounting
+from jaxreplay.train import shape_reuse
 
 
 class LearnerFns(NamedTuple):
@@ -59,7 +61,7 @@ class LearnerFns(NamedTuple):
 def make_learner_step(train_step, rb: replay.ReplayBuffer,
                       cost: accounting.ModelCost | None = None, epochs: int = 1,
                       forwards: int = 0, mesh=None, state_sharding=None,
-                      buffer_sharding=None):
+                      buffer_sharding=None, compile_cost_steps: float = 0.0):
   """Buffer sampling and the update as one learner step (state and buffer donated).
 
   The sampler's importance weights (uniform: all 1) and each item's staleness go to
@@ -77,6 +79,10 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
     mesh: optional mesh: the sampled batch is constrained to split over ``data × fsdp``.
     state_sharding, buffer_sharding: optional sharding pytrees the returned state and
       buffer keep (the layout they were placed with).
+    compile_cost_steps: ≥ 0 (``train.compile_cost_steps``): with packing, a batch whose
+      own packed shape is not compiled runs in the cheapest compiled larger shape it fits
+      until the slots so wasted for its shape reach this many steps' work, and then
+      compiles its own (``shape_reuse.ShapeReuse``); 0 compiles every batch's own shape.
 
   Returns:
     ``learner_step(state, buffer, key) -> (state, buffer, metrics)``; metrics are
@@ -88,7 +94,7 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
     sequences (it has ``plan_batch``), the step is a jitted draw (buffer donated), the
     packing plan of the drawn attention mask on the host, then a jitted update (state
     donated), and the metrics add ``learner_padding`` (empty ÷ all slots of the packed
-    arrays); ``learner_step.lower`` then lowers the fused full-width step, the packed
+    arrays) and ``learner_shapes`` (the packed shapes compiled so far); ``learner_step.lower`` then lowers the fused full-width step, the packed
     step's upper bound in memory, and ``learner_step.lower_update(state, sample, plan)``
     the packed update alone (what a packed step runs after the draw). Otherwise
     ``learner_step`` is the fused jitted step.
@@ -144,18 +150,30 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
   # data × fsdp): each device runs the forward of its packed rows, and only the int32
   # token gather and the per-token outputs cross devices.
   shards = sharding_lib.batch_shards(mesh)
+  reuse = shape_reuse.ShapeReuse(compile_cost_steps)
 
   def learner_step(state: TrainState, buffer: replay.BufferState, key):
     buffer, s, batch_metrics = draw_jit(state.step, buffer, key)
-    adv = (multihost.to_host(s.items.advantages) if plan_batch.drops_zero_advantage
-           else None)  # a host copy only when the plan needs it
-    plan = plan_batch(multihost.to_host(s.items.attention_mask), multiple=shards,
-                      advantages=adv, completion=multihost.to_host(s.items.completion_mask),
-                      tokens=multihost.to_host(s.items.tokens) if plan_batch.shares_prompts
-                      else None)
+    mask = multihost.to_host(s.items.attention_mask)
+    plan_args = dict(
+        multiple=shards, completion=multihost.to_host(s.items.completion_mask),
+        # host copies only where the plan needs them
+        advantages=(multihost.to_host(s.items.advantages) if plan_batch.drops_zero_advantage
+                    else None),
+        tokens=multihost.to_host(s.items.tokens) if plan_batch.shares_prompts else None)
+
+    def fit(shape):
+      try:
+        return plan_batch(mask, shape=shape, **plan_args)
+      except ValueError:
+        return None
+
+    plan = plan_batch(mask, **plan_args)
+    _, plan = reuse.choose(packing.plan_shape(plan), plan, lambda x: x.cost, fit)
     state, metrics = update_jit(state, s, sharding_lib.place_rows(plan, mesh))
     metrics.update(batch_metrics)
     metrics["learner_padding"] = np.float32(np.mean(plan.segment_ids == 0))
+    metrics["learner_shapes"] = np.int32(len(reuse.compiled))
     return state, buffer, metrics
 
   learner_step.lower = fused_step.lower

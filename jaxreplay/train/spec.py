@@ -74,6 +74,15 @@ class TrainSpec(Spec):
       its programs instead of compiling them again (the decode engine alone compiles a
       program per slot-count and attention-width bucket). ``JAX_COMPILATION_CACHE_DIR``, when
       set, wins.
+    compile_cost_steps: >= 0, what compiling one packed learner shape costs, in learner
+      steps of that shape's work (0 = compile every batch's own shape). A batch whose
+      packed shape (``packing.PlanShape``) is not compiled runs in the cheapest compiled
+      larger shape it fits, with more empty slots, until the work so wasted for its shape
+      would reach this many steps; that batch compiles its own (ski rental,
+      ``train.shape_reuse``). On a CPU, where a 135M-parameter learner shape compiles in
+      about three of its steps, it stops the recompilation at nearly every step while
+      completions shorten (docs/performance.md). A resumed run starts with no compiled
+      shapes, so its packing (and float rounding) may differ from the uninterrupted run's.
     device_memory_fraction: in [0, 1), the fraction of each GPU's memory JAX's allocator
       takes when the process starts, set by the entry point before the backend starts
       (``XLA_PYTHON_CLIENT_MEM_FRACTION``); 0 leaves JAX's default (0.75). A preset whose
@@ -91,6 +100,7 @@ class TrainSpec(Spec):
   async_timeout_s: float = field(600.0, gt=0)
   max_generated_rollouts: int = field(0, ge=0)
   compilation_cache_dir: str = field("~/.cache/jaxreplay/xla")
+  compile_cost_steps: float = field(0.0, ge=0, allowed="(0 = always compile)")
   device_memory_fraction: float = field(0.0, ge=0, lt=1, allowed="(0 = JAX's default)")
 
   def budget_reached(self, generated_rollouts: int) -> bool:
