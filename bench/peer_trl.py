@@ -75,7 +75,7 @@ def resolved_config(path: str, steps: int, sets: list[str]):
   r = c.rollout.per_step
   apply_overrides(c, [f"train.steps={steps}", f"train.batch_size={r}", f"buffer.capacity={r}",
                       f"eval.every={steps}", "checkpoint.every=0", "log.progress=False",
-                      "log.tensorboard=False", "drift.every=0"])
+                      "log.tensorboard=False", "log.record_every=0", "drift.every=0"])
   if c.algo.kl_coef or c.algo.loss != "ppo_clip" or c.algo.advantage != "grpo":
     raise SystemExit("peer_trl: the comparison maps algo.loss='ppo_clip', algo.advantage='grpo' "
                      f"and algo.kl_coef=0 onto TRL; got {c.algo.loss!r}, {c.algo.advantage!r}, "
@@ -120,7 +120,8 @@ def run_jaxreplay(args, workdir: str, cache_dir: str) -> dict:
          f"--config.workdir={workdir}", f"--config.train.compilation_cache_dir={cache_dir}"]
   c = resolved_config(args.config, args.steps, args.set)
   for k in ("train.steps", "train.batch_size", "buffer.capacity", "eval.every",
-            "checkpoint.every", "log.progress", "log.tensorboard", "drift.every"):
+            "checkpoint.every", "log.progress", "log.tensorboard", "log.record_every",
+            "drift.every"):
     sec, f = k.split(".")
     cmd.append(f"--config.{k}={getattr(getattr(c, sec), f)}")
   cmd += [f"--config.{s}" for s in args.set]
@@ -130,8 +131,11 @@ def run_jaxreplay(args, workdir: str, cache_dir: str) -> dict:
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                         env=dict(os.environ, JAX_LOG_COMPILES="1"))
   wall = time.time() - t0
-  compiles = [float(x) for x in re.findall(r"Finished XLA compilation of \S+ in ([0-9.]+) sec",
-                                           proc.stderr)]
+  compiles = re.findall(r"Finished XLA compilation of (\S+) in ([0-9.]+) sec", proc.stderr)
+  by_fn: dict = {}
+  for fn, sec in compiles:
+    n, total = by_fn.get(fn, (0, 0.0))
+    by_fn[fn] = (n + 1, total + float(sec))
   if proc.returncode != 0:
     print(proc.stdout[-3000:], proc.stderr[-6000:], sep="\n")
     raise SystemExit(f"jaxreplay exited {proc.returncode}")
@@ -148,7 +152,12 @@ def run_jaxreplay(args, workdir: str, cache_dir: str) -> dict:
     return {k.split("/acc_")[1]: r[k] for k in r if k.startswith("eval/acc_")}
 
   return {"gen_s": gen.tolist(), "learner_s": train.tolist(), "wall_s": wall,
-          "compile_s": float(sum(compiles)), "compiles": len(compiles),
+          "compile_s": float(sum(float(x) for _, x in compiles)), "compiles": len(compiles),
+          "compile_by_fn": {k: [n, round(t, 2)] for k, (n, t) in sorted(
+              by_fn.items(), key=lambda kv: -kv[1][1]) if t >= 1.0},
+          "learner_slots": [r.get("learner_slots") for r in steps],
+          "learner_padding": [r.get("learner_padding") for r in steps],
+          "learner_shapes": [r.get("learner_shapes") for r in steps],
           "acc_before": accs(first), "acc_after": accs(last),
           "eval_steps": [min(evals), max(evals)],
           "completion_len": [r.get("completion_len") for r in steps]}
@@ -304,6 +313,33 @@ def median_step(res: dict) -> float:
   return float(np.median(t[1:] if len(t) > 1 else t))
 
 
+def report(lib: str, r: dict) -> None:
+  """Prints one library's per-step table and summary; adds its medians to ``r``."""
+  packed = r.get("learner_slots") and None not in r["learner_slots"]
+  print(f"\n{lib}: step  generate_s  learner_s  completion_len"
+        + ("  learner_slots  padding  shapes_compiled" if packed else ""))
+  for i, (g, l) in enumerate(zip(r["gen_s"], r["learner_s"]), 1):
+    print(f"{lib}: {i:4d}  {g:10.2f}  {l:9.2f}  {r['completion_len'][i - 1] or math.nan:14.1f}"
+          + (f"  {int(r['learner_slots'][i - 1]):13d}  {r['learner_padding'][i - 1]:7.3f}"
+             f"  {int(r['learner_shapes'][i - 1]):15d}" if packed else ""))
+  r["median_step_s"] = median_step(r)
+  r["median_gen_s"] = float(np.median(r["gen_s"][1:]))
+  r["median_learner_s"] = float(np.median(r["learner_s"][1:]))
+  if "compile_s" in r:
+    print(f"{lib}: {r['compiles']} XLA compilations took {r['compile_s']:.1f} s of the "
+          f"{sum(r['gen_s']) + sum(r['learner_s']):.1f} s of generation and learning "
+          "(evaluations included in the compilations); seconds by function: "
+          + ", ".join(f"{k} {n}x {t:.1f}" for k, (n, t) in r["compile_by_fn"].items()))
+  print(f"{lib}: median step {r['median_step_s']:.2f} s (generate {r['median_gen_s']:.2f}, "
+        f"learner {r['median_learner_s']:.2f}); held-out sampled/greedy "
+        f"{r['acc_before']['sampled']:.3f}/{r['acc_before']['greedy']:.3f} -> "
+        f"{r['acc_after']['sampled']:.3f}/{r['acc_after']['greedy']:.3f}"
+        + (f"; lenient {r['acc_before']['sampled_lenient']:.3f}/"
+           f"{r['acc_before']['greedy_lenient']:.3f} -> "
+           f"{r['acc_after']['sampled_lenient']:.3f}/{r['acc_after']['greedy_lenient']:.3f}"
+           if "sampled_lenient" in r["acc_after"] else ""))
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--config", default="configs/smollm2_135m.py")
@@ -339,25 +375,7 @@ def main(argv=None) -> int:
       res["trl"] = run_trl(args, os.path.join(tmp, "trl"))
   for lib in ("jaxreplay", "jaxreplay_warm", "trl"):
     if lib in res:
-      r = res[lib]
-      print(f"\n{lib}: step  generate_s  learner_s")
-      for i, (g, l) in enumerate(zip(r["gen_s"], r["learner_s"]), 1):
-        print(f"{lib}: {i:4d}  {g:10.2f}  {l:9.2f}")
-      r["median_step_s"] = median_step(r)
-      r["median_gen_s"] = float(np.median(r["gen_s"][1:]))
-      r["median_learner_s"] = float(np.median(r["learner_s"][1:]))
-      if "compile_s" in r:
-        print(f"{lib}: {r['compiles']} XLA compilations took {r['compile_s']:.1f} s of the "
-              f"{sum(r['gen_s']) + sum(r['learner_s']):.1f} s of generation and learning "
-              "(evaluations included in the compilations)")
-      print(f"{lib}: median step {r['median_step_s']:.2f} s (generate {r['median_gen_s']:.2f}, "
-            f"learner {r['median_learner_s']:.2f}); held-out sampled/greedy "
-            f"{r['acc_before']['sampled']:.3f}/{r['acc_before']['greedy']:.3f} -> "
-            f"{r['acc_after']['sampled']:.3f}/{r['acc_after']['greedy']:.3f}"
-            + (f"; lenient {r['acc_before']['sampled_lenient']:.3f}/"
-               f"{r['acc_before']['greedy_lenient']:.3f} -> "
-               f"{r['acc_after']['sampled_lenient']:.3f}/{r['acc_after']['greedy_lenient']:.3f}"
-               if "sampled_lenient" in r["acc_after"] else ""))
+      report(lib, res[lib])
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:

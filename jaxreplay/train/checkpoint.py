@@ -415,7 +415,8 @@ def read_meta(manager: ocp.CheckpointManager) -> dict | None:
 # it evaluates/saves/monitors drift, which completions it records (not what an evaluation
 # measures: before and after must stay comparable), the device mesh (a checkpoint restores
 # onto any mesh), how the processes of a job find each other, and where caches live.
-RESUMABLE_PREFIXES = ("train.steps", "train.max_generated_rollouts", "workdir", "log.",
+RESUMABLE_PREFIXES = ("train.steps", "train.max_generated_rollouts", "train.compile_cost_steps",
+                      "workdir", "log.",
                       "eval.every", "eval.record", "checkpoint.", "mesh.", "drift.",
                       "warmstart.cache_dir", "distributed.")
 

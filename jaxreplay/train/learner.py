@@ -94,7 +94,8 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
     sequences (it has ``plan_batch``), the step is a jitted draw (buffer donated), the
     packing plan of the drawn attention mask on the host, then a jitted update (state
     donated), and the metrics add ``learner_padding`` (empty ÷ all slots of the packed
-    arrays) and ``learner_shapes`` (the packed shapes compiled so far); ``learner_step.lower`` then lowers the fused full-width step, the packed
+    arrays), ``learner_slots`` (their slots, n_mb · S · R · W) and ``learner_shapes`` (the
+    packed shapes compiled so far); ``learner_step.lower`` then lowers the fused full-width step, the packed
     step's upper bound in memory, and ``learner_step.lower_update(state, sample, plan)``
     the packed update alone (what a packed step runs after the draw). Otherwise
     ``learner_step`` is the fused jitted step.
@@ -173,6 +174,7 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
     state, metrics = update_jit(state, s, sharding_lib.place_rows(plan, mesh))
     metrics.update(batch_metrics)
     metrics["learner_padding"] = np.float32(np.mean(plan.segment_ids == 0))
+    metrics["learner_slots"] = np.int32(plan.segment_ids.size)
     metrics["learner_shapes"] = np.int32(len(reuse.compiled))
     return state, buffer, metrics
 
