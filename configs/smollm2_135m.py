@@ -32,9 +32,9 @@ def get_config():
   c.sampler.update(max_new_tokens=128, temperature=1.0, slots=32)
   c.rollout.update(per_step=32, group_size=8)
   c.buffer.capacity = 64
-  # A new packed learner shape compiles in about three steps' time on this CPU: batches
+  # A new packed learner shape compiles in about two steps' time on this CPU: batches
   # reuse a compiled larger shape until their padding has cost that much (ski rental)
-  c.train.update(steps=30, batch_size=32, compile_cost_steps=3.0)
+  c.train.update(steps=30, batch_size=32, compile_cost_steps=2.0)
   c.algo.update(lr=3e-5, warmup_steps=2, logprob_chunk=32, grad_accum_steps=4)
   c.eval.update(every=10, num_examples=100, samples_per_example=2, batch_rows=64)
   c.drift.every = 0

@@ -176,10 +176,27 @@ def test_chunk_size_and_width_buckets_do_not_change_any_request(policy, prompts,
   in them (a MIN_WIDTH below the capacity), equals 16-step chunks at the full width."""
   ref, _, _ = refilled
   monkeypatch.setattr(engine, "MIN_WIDTH", 16)
+  monkeypatch.setattr(engine, "attention_floor", lambda cfg: 16)  # this model's is 20
   one, stats = run(policy, prompts, slots=3, chunk_steps=1)
   assert stats.programs == 5  # widths 16, 20, 24, 28 and 32 (four per octave)
   assert stats.kv_read < stats.row_steps * (P_WIDTH + M)
   assert_same_requests(one, ref, logp_atol)
+
+
+def test_attention_floor_and_width_buckets_by_hand():
+  """SmolLM2-135M's matmuls read N = 30·(2·576·576 + 2·576·192 + 3·576·1536) + 49152·576 =
+  134,479,872 parameters per token; its attention over w positions is an eighth of the
+  step's FLOPs at w = N / (16·30·9·64) = 486.4: its 96 + 128 positions decode at one width."""
+  smollm2 = TransformerConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9,
+                              n_kv_heads=3, head_dim=64, d_ff=1536)
+  assert engine.attention_floor(smollm2) == 486
+  assert {engine.width_bucket(n, 224, 486) for n in (1, 80, 200, 224)} == {224}
+  # the default tiny model: N = 4·(2·128·128 + 2·128·64 + 3·128·384) + 300·128 = 824,832
+  tiny = TransformerConfig(vocab_size=300, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2,
+                           head_dim=32, d_ff=384)
+  assert engine.attention_floor(tiny) == 824_832 // (16 * 4 * 4 * 32) == 100
+  assert [engine.width_bucket(n, 4096, 100) for n in (1, 100, 113, 1000)] == [112, 112, 128, 1024]
+  assert [engine.width_bucket(n, 4096) for n in (1, 65, 100, 1000)] == [64, 80, 112, 1024]
 
 
 # ---------------------------------------------------------------- shared prefill

@@ -12,7 +12,9 @@ chunks the host loop (``_HostLoop``, one method per step)
 2. runs a **decode chunk** of up to k steps (``jax.lax.while_loop``, exits early when every
    slot is done) whose attention reads only the first w cache positions, w the longest
    filled slot plus k rounded up to four sizes per octave (``width_bucket``) — so a step's
-   cost follows the filled length, not the capacity C;
+   cost follows the filled length, not the capacity C — and on the CPU at least the width
+   below which attention is an eighth of a step's FLOPs (``attention_floor``: a small
+   model's short cache then decodes at one width, one compilation);
 3. **shrinks** the batch to a smaller power-of-two bucket once no request waits and at most
    half of the slots still decode (the tail of a batch no longer computes finished rows).
 
@@ -187,21 +189,46 @@ def _pow2_at_least(n: int, lo: int) -> int:
   return max(lo, 1 << max(int(n) - 1, 0).bit_length())
 
 
-def width_bucket(needed: int, capacity: int) -> int:
+def width_bucket(needed: int, capacity: int, floor: int = MIN_WIDTH) -> int:
   """Attention width for a chunk: ``needed`` rounded up to four sizes per octave (m · 2^j,
-  4 <= m < 8: 64, 80, 96, 112, 128, 160, ...; at least ``MIN_WIDTH``), capped at the cache
-  capacity C. At most 25% of the read is beyond ``needed``, and lengths 64 .. 4096 use at
-  most 24 widths.
+  4 <= m < 8: 64, 80, 96, 112, 128, 160, ...; at least ``floor``), capped at the cache
+  capacity C. At most 25% of the read is beyond ``needed`` (or up to ``floor``), and
+  lengths 64 .. 4096 use at most 24 widths.
 
   Args:
     needed: positions the chunk's longest slot will reach (int >= 0). capacity: C.
+    floor: the least width (``attention_floor``; at least ``MIN_WIDTH``).
 
   Returns:
-    int width w in [min(MIN_WIDTH, C), C], in cache positions.
+    int width w in [min(floor, C), C], in cache positions.
   """
-  n = max(int(needed), MIN_WIDTH)
+  n = max(int(needed), int(floor), MIN_WIDTH)
   step = 1 << max(0, n.bit_length() - 3)
   return min(capacity, -(-n // step) * step)
+
+
+def attention_floor(cfg) -> int:
+  """The attention width below which a decode step's attention is at most an eighth of
+  its FLOPs: narrower width buckets would save little compute and cost a compilation each.
+  The engine uses it on the CPU, where decoding is compute-bound; on GPUs and TPUs a step
+  is bound by memory traffic, in which each slot's cache read weighs against weights read
+  once for all slots, and widths start at ``MIN_WIDTH``.
+
+  Per token, a decoder's matmuls take 2N FLOPs and attention over w positions 4·L·H·E·w
+  (``train.accounting``: Kaplan et al. 2020, Table 1; Chinchilla App. F), so attention is
+  at most an eighth for w <= N / (16·L·H·E), with N the parameters a token's matmuls read
+  (untied: without the input embedding). SmolLM2-135M: 486 positions, so its contiguous
+  cache of prompt + 128 new tokens decodes at one width; the default tiny model: 100.
+
+  Args:
+    cfg: the policy's ``TransformerConfig`` (D, L, H, K, E, F, V, ``tie_embeddings``).
+
+  Returns:
+    int positions, >= ``MIN_WIDTH``.
+  """
+  d, h, k, e = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+  n = cfg.n_layers * (2 * d * h * e + 2 * d * k * e + 3 * d * cfg.d_ff) + cfg.vocab_size * d
+  return max(MIN_WIDTH, n // (16 * cfg.n_layers * h * e))
 
 
 def _slot_sharding(mesh: Mesh, state: SlotState) -> SlotState:
@@ -837,6 +864,7 @@ class _Call:
   steps: int  # k decode steps per chunk
   shards: int  # the mesh's data × fsdp devices (slot counts are multiples of it)
   min_slots: int  # the tail shrinks to no fewer slots
+  min_width: int  # the narrowest attention width a chunk decodes at (``attention_floor``)
   prefill_prompts: int
   pad_id: int
   eos_ids: tuple[int, ...]
@@ -895,7 +923,11 @@ class _Call:
     c = cls(graphdef=graphdef, cfg=cfg, mesh=mesh, aligned=aligned, plen=plen, n_req=n_req,
             group_size=group_size, m=m, capacity=capacity, slots=s,
             steps=max(1, min(chunk_steps, m)), shards=shards,
-            min_slots=-(-MIN_SLOTS // shards) * shards, prefill_prompts=prefill_prompts,
+            min_slots=-(-MIN_SLOTS // shards) * shards,
+            # a CPU decodes compute-bound (FLOPs); accelerators memory-bound, where each
+            # slot's cache read weighs against the weights read once for all slots
+            min_width=attention_floor(cfg) if jax.default_backend() == "cpu" else MIN_WIDTH,
+            prefill_prompts=prefill_prompts,
             pad_id=pad_id, eos_ids=tuple(int(e) for e in eos_ids),
             temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), key=key,
             forced=None, paged=paged, impl=impl, worst=worst, n_pages=n_pages,
@@ -1045,7 +1077,8 @@ class _HostLoop:
     """
     c = self.c
     active = ~self.done
-    width = width_bucket(int(self.length[active].max()) + c.steps + self._lag(), c.capacity)
+    width = width_bucket(int(self.length[active].max()) + c.steps + self._lag(), c.capacity,
+                         c.min_width)
     if not c.paged:
       return width, None
     for slot in np.flatnonzero(active):
