@@ -81,8 +81,9 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
       buffer keep (the layout they were placed with).
     compile_cost_steps: ≥ 0 (``train.compile_cost_steps``): with packing, a batch whose
       own packed shape is not compiled runs in the cheapest compiled larger shape it fits
-      until the slots so wasted for its shape reach this many steps' work, and then
-      compiles its own (``shape_reuse.ShapeReuse``); 0 compiles every batch's own shape.
+      while the work wasted on empty slots since the last compilation stays under this
+      many steps; the batch that would reach it compiles its own
+      (``shape_reuse.ShapeReuse``). 0 compiles every batch's own shape.
 
   Returns:
     ``learner_step(state, buffer, key) -> (state, buffer, metrics)``; metrics are
@@ -95,8 +96,8 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
     packing plan of the drawn attention mask on the host, then a jitted update (state
     donated), and the metrics add ``learner_padding`` (empty ÷ all slots of the packed
     arrays), ``learner_slots`` (their slots, n_mb · S · R · W) and ``learner_shapes`` (the
-    packed shapes compiled so far); ``learner_step.lower`` then lowers the fused full-width step, the packed
-    step's upper bound in memory, and ``learner_step.lower_update(state, sample, plan)``
+    packed shapes compiled so far); ``learner_step.lower`` then lowers the fused full-width
+    step, the packed step's upper bound in memory, and ``learner_step.lower_update(state, sample, plan)``
     the packed update alone (what a packed step runs after the draw). Otherwise
     ``learner_step`` is the fused jitted step.
   """
