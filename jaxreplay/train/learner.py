@@ -97,9 +97,9 @@ def make_learner_step(train_step, rb: replay.ReplayBuffer,
     donated), and the metrics add ``learner_padding`` (empty ÷ all slots of the packed
     arrays), ``learner_slots`` (their slots, n_mb · S · R · W) and ``learner_shapes`` (the
     packed shapes compiled so far); ``learner_step.lower`` then lowers the fused full-width
-    step, the packed step's upper bound in memory, and ``learner_step.lower_update(state, sample, plan)``
-    the packed update alone (what a packed step runs after the draw). Otherwise
-    ``learner_step`` is the fused jitted step.
+    step, the packed step's upper bound in memory, and
+    ``learner_step.lower_update(state, sample, plan)`` the packed update alone (what a
+    packed step runs after the draw). Otherwise ``learner_step`` is the fused jitted step.
   """
 
   batch_size, sampler_cfg = rb.batch_size, rb.spec
