@@ -121,7 +121,15 @@ class PlanShape(NamedTuple):
 
 
 def plan_shape(plan: PackPlan) -> PlanShape:
-  """The ``PlanShape`` of a ``plan_batch`` plan (leaves [n_mb, S, ...])."""
+  """The ``PlanShape`` of a ``plan_batch`` plan: the static shape its update compiles for.
+
+  Args:
+    plan: PackPlan with ``src`` [n_mb, S, R, W] and, where it lists scored slots,
+      ``score_slot`` [n_mb, S, G, N] (numpy or jax arrays; only shapes are read).
+
+  Returns:
+    PlanShape(S, R, W, N, G); N = 0 and G = 1 without scored slots.
+  """
   *_, steps, rows, width = np.shape(plan.src)
   if plan.score_slot is None:
     return PlanShape(steps, rows, width)

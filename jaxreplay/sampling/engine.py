@@ -221,7 +221,8 @@ def attention_floor(cfg) -> int:
   cache of prompt + 128 new tokens decodes at one width; the default tiny model: 100.
 
   Args:
-    cfg: the policy's ``TransformerConfig`` (D, L, H, K, E, F, V, ``tie_embeddings``).
+    cfg: the policy's ``TransformerConfig`` (D, L, H, K, E, F, V; the vocabulary counts
+      once, as the output head, tied or not).
 
   Returns:
     int positions, >= ``MIN_WIDTH``.

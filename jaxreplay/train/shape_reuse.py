@@ -10,9 +10,10 @@ compiled shape at least as large, at the price of the empty slots it then runs.
 Rudolph and Sleator 1988, "Competitive snoopy caching", Algorithmica 3: 79–119): a call
 whose own shape is not compiled runs in the cheapest compiled shape it fits (rent) while
 the work wasted on empty slots since the last compilation stays under ``buy_cost``; the
-call that would reach it compiles its own shape instead (buy). Every compilation is then
-preceded by at most its own cost in waste, and waste never runs on unpaid: the run spends
-less than twice what compiling costs plus the calls' own work. The debt is one for all
+call that would reach it compiles its own shape instead (buy). The waste between two
+compilations stays under ``buy_cost``, so a run that compiles k shapes wastes less than
+(k + 1) · ``buy_cost`` calls' work on empty slots: about its compilations' cost again, at
+most. The debt is one for all
 shapes, not one per shape, because while lengths drift a run rarely meets a shape twice.
 The choice depends on shapes alone, not on clocks, so the same config and seed give the
 same metrics.
