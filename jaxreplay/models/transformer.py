@@ -44,6 +44,12 @@ from jaxreplay.models.spec import REMAT_POLICIES
 from jaxreplay.parallel.sharding import (constrain_batch, constrain_vocab, constrain_whole,
                                          gather_params)
 
+# FLAT ROWS: the linear layers run on [B·T, D] token rows, not [B, T, D]. Their weight
+# gradients contract the token axes, and XLA:CPU feeds those dots a transposed copy of the
+# cotangent with the elementwise backward (SiLU's) fused in; over three axes it emits that
+# copy with strided reads. On token rows a SmolLM2-135M learner step takes 22% less time on
+# the 2-core CPU (bench/flat_rows.py); the math and the other backends' dots are unchanged.
+
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # Rematerialisation of each block in the backward pass (``TransformerConfig.remat``):
 # none keeps every activation; full keeps only each block's input and recomputes the rest;
@@ -346,6 +352,7 @@ class Attention(nnx.Module):
     """
     b, t, _ = x.shape
     c = self.cfg
+    x = x.reshape(b * t, -1)  # projections on token rows (see FLAT ROWS above)
     q = self.q(x).reshape(b, t, c.n_heads, c.head_dim)
     k = self.k(x).reshape(b, t, c.n_kv_heads, c.head_dim)
     v = self.v(x).reshape(b, t, c.n_kv_heads, c.head_dim)
@@ -398,7 +405,7 @@ class Attention(nnx.Module):
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
       y = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype),
                                        mask=mask[:, None], scale=c.head_dim ** -0.5)
-    return self.o(y.reshape(b, t, c.n_heads * c.head_dim))
+    return self.o(y.reshape(b * t, c.n_heads * c.head_dim)).reshape(b, t, -1)
 
 
 class MLP(nnx.Module):
@@ -412,7 +419,8 @@ class MLP(nnx.Module):
                         cfg.d_ff ** -0.5 / (2 * cfg.n_layers) ** 0.5, rngs)
 
   def __call__(self, x):
-    return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+    rows = x.reshape(-1, x.shape[-1])  # token rows (see FLAT ROWS above)
+    return self.down(jax.nn.silu(self.gate(rows)) * self.up(rows)).reshape(x.shape)
 
 
 class Block(nnx.Module):
