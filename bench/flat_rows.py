@@ -7,7 +7,7 @@ elementwise backward fused in, emitted over three axes with strided reads. This 
 times jaxreplay's full learner step (``rl.train_step.make_train_step``: forward, per-token
 log-probs in chunks, PPO-clip loss, backward, AdamW) both ways in one process: the baseline
 wraps every ``nnx.Linear`` call so that it sees the [B, T, D] batch the layers took
-before, which gives the same dots and the same loss.
+before (and the MLP's SiLU on the batch), which gives the same dots and the same loss.
 
 Model: a randomly initialised decoder at SmolLM2-135M's shapes (30 layers × 576, 9/3
 heads, SwiGLU 1536, vocab 49,152, tied), float32, on B rollouts of T tokens (the first
@@ -43,19 +43,24 @@ SMOLLM2_135M = dict(model_type="llama", vocab_size=49152, hidden_size=576,
 
 @contextlib.contextmanager
 def batched_linears(b: int, t: int):
-  """Every ``nnx.Linear`` called on [b·t, D] rows runs on the [b, t, D] batch instead."""
-  original = nnx.Linear.__call__
+  """The layers as they ran on [b, t, D] batches: the MLP whole on the batch, and every
+  other ``nnx.Linear`` called on [b·t, D] rows (attention's) on the batch instead."""
+  from jaxreplay.models.transformer import MLP
+  linear, mlp = nnx.Linear.__call__, MLP.__call__
 
-  def call(self, x):
+  def linear_call(self, x):
     if x.ndim == 2 and x.shape[0] == b * t:
-      return original(self, x.reshape(b, t, -1)).reshape(b * t, -1)
-    return original(self, x)
+      return linear(self, x.reshape(b, t, -1)).reshape(b * t, -1)
+    return linear(self, x)
 
-  nnx.Linear.__call__ = call
+  def mlp_call(self, x):
+    return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+  nnx.Linear.__call__, MLP.__call__ = linear_call, mlp_call
   try:
     yield
   finally:
-    nnx.Linear.__call__ = original
+    nnx.Linear.__call__, MLP.__call__ = linear, mlp
 
 
 def main():
@@ -95,7 +100,7 @@ def main():
   for name, ctx in (("batched", batched_linears(b, t)), ("flat", contextlib.nullcontext())):
     with ctx:  # the patch acts while the step traces
       step = make_train_step(graphdef, optimizer, spec, 1.0)
-      state = init_train_state(graphdef, params, optimizer, spec)
+      state = init_train_state(graphdef, jax.tree.map(jnp.copy, params), optimizer, spec)
       t0 = time.perf_counter()
       _, metrics = step(state, batch, weights)
       losses[name] = float(metrics["loss"])
@@ -104,7 +109,8 @@ def main():
     steps[name] = step
   for _ in range(a.rounds):
     for name, step in steps.items():
-      state = init_train_state(graphdef, params, optimizer, spec)
+      state = init_train_state(graphdef, jax.tree.map(jnp.copy, params), optimizer,
+                               spec)  # the step donates its state
       for _ in range(a.steps):
         t0 = time.perf_counter()
         state, metrics = step(state, batch, weights)
