@@ -35,10 +35,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-SMOLLM2_135M = dict(model_type="llama", vocab_size=49152, hidden_size=576,
-                    intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                    num_key_value_heads=3, rope_theta=100000.0, rms_norm_eps=1e-5,
-                    tie_word_embeddings=True, max_position_embeddings=8192)
+from prompt_sharing import SMOLLM2_135M  # noqa: E402  (this folder is sys.path[0])
 
 
 @contextlib.contextmanager
