@@ -47,8 +47,9 @@ from jaxreplay.parallel.sharding import (constrain_batch, constrain_vocab, const
 # FLAT ROWS: the linear layers run on [B·T, D] token rows, not [B, T, D]. Their weight
 # gradients contract the token axes, and XLA:CPU feeds those dots a transposed copy of the
 # cotangent with the elementwise backward (SiLU's) fused in; over three axes it emits that
-# copy with strided reads. On token rows a SmolLM2-135M learner step takes 22% less time on
-# the 2-core CPU (bench/flat_rows.py); the math and the other backends' dots are unchanged.
+# copy with strided reads. On token rows a SmolLM2-135M learner step takes a fifth less time
+# on the 2-core CPU (bench/flat_rows.py). The math is the same; GPU and TPU steps were not
+# timed.
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # Rematerialisation of each block in the backward pass (``TransformerConfig.remat``):
