@@ -34,9 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,7 +42,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from prompt_sharing import SMOLLM2_135M  # noqa: E402  (this folder is sys.path[0])
+from prompt_sharing import SMOLLM2_135M, time_step  # noqa: E402  (this folder is sys.path[0])
 
 PROMPT_WIDTH, MAX_NEW, GROUPS, GROUP_SIZE, PROMPT = 96, 128, 4, 8, 60
 
@@ -116,17 +114,7 @@ def main():
     plan = plan_of(batch, shape)
     sh = packing.plan_shape(plan)
     state = init_train_state(graphdef, jax.tree.map(jnp.copy, params), opt, spec)
-    t0 = time.perf_counter()
-    state, m = step(state, batch, None, None, plan)
-    jax.block_until_ready(state.params)
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(a.steps):
-      t0 = time.perf_counter()
-      state, m = step(state, batch, None, None, plan)
-      jax.block_until_ready((state.params, m))
-      times.append(time.perf_counter() - t0)
-    secs[name] = statistics.median(times)
+    first, secs[name], m = time_step(step, state, batch, plan, a.steps)
     per_cost[name] = secs[name] / sh.cost * 1e3
     print(f"{name:16s} S={sh.steps} R={sh.rows} W={sh.width} N={sh.scored} cost {sh.cost:5d}  "
           f"first {first:5.1f} s  step {secs[name]:5.2f} s  {per_cost[name]:.2f} ms/cost  "

@@ -93,6 +93,29 @@ def make_batch(a, vocab: int, mean: float, seed: int = 0):
                  newest_version=jnp.zeros(b, jnp.int32), truncated=jnp.asarray(lens >= a.max_new))
 
 
+def time_step(step, state, batch, plan, steps: int):
+  """Times a packed train step: one call to compile, then the median of ``steps`` calls.
+
+  Args:
+    step: ``make_train_step``'s step. state: its TrainState (donated: pass a copy).
+    batch: the Rollout. plan: ``step.plan_batch``'s PackPlan. steps: ≥ 1 timed calls.
+
+  Returns:
+    (seconds of the first call, median seconds of the timed calls, the last call's metrics).
+  """
+  t0 = time.perf_counter()
+  state, m = step(state, batch, None, None, plan)
+  jax.block_until_ready(state.params)
+  first = time.perf_counter() - t0
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    state, m = step(state, batch, None, None, plan)
+    jax.block_until_ready((state.params, m))
+    times.append(time.perf_counter() - t0)
+  return first, statistics.median(times), m
+
+
 def main():
   a = parse()
   from flax import nnx
@@ -126,17 +149,7 @@ def main():
               step.plan_batch(attn, completion=comp, tokens=tokens))
       slots = int((plan.segment_ids > 0).sum())
       state = init_train_state(graphdef, jax.tree.map(jnp.copy, params), opt, spec)
-      t0 = time.perf_counter()
-      state, m = step(state, batch, None, None, plan)
-      jax.block_until_ready(state.params)
-      first = time.perf_counter() - t0
-      times = []
-      for _ in range(a.steps):
-        t0 = time.perf_counter()
-        state, m = step(state, batch, None, None, plan)
-        jax.block_until_ready((state.params, m))
-        times.append(time.perf_counter() - t0)
-      out[mean, mode] = statistics.median(times)
+      first, out[mean, mode], m = time_step(step, state, batch, plan, a.steps)
       print(f"  {mode:7s} packed tokens {slots:5d}  plan {plan.src.shape[1:4]}  first "
             f"{first:6.1f} s  step {out[mean, mode]:6.2f} s  loss {float(m['loss']):+.6f}",
             flush=True)
