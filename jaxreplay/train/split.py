@@ -198,7 +198,7 @@ class Generator:
           self.abandoned_rollouts += self._r * self.in_flight
           self.in_flight = 0
       finally:
-        self._set_busy(False, time.time())
+        self._set_busy(False)
     except BaseException as e:  # noqa: BLE001 - handed to the learner
       with self.cond:
         self.error = e
@@ -214,20 +214,25 @@ class Generator:
       if start:
         break
       time.sleep(POLL_S)
-    t1 = time.time()
+    t1 = self._set_busy(True)
     with self.cond:
       self.wait_s += t1 - t0
-    self._set_busy(True, t1)
     return version
 
-  def _set_busy(self, busy: bool, now: float):
-    """The generator busy (generating) or not from ``now``, on the clock and in
-    ``busy_s``."""
+  def _set_busy(self, busy: bool) -> float:
+    """The generator busy (generating) or not from now on, on the clock and in ``busy_s``.
+    Returns that time (``time.time()`` seconds).
+
+    The time is read holding ``cond``: the learner reads ``busy_seconds`` under the same lock,
+    so a transition can never be stamped before a reading it follows, and the generator's
+    seconds read by successive records never decrease."""
     with self.cond:
+      now = time.time()
       if self._busy_since is not None:
         self.busy_s += now - self._busy_since
       self._busy_since = now if busy else None
     self._clock.set("generator", busy, now)
+    return now
 
   def busy_seconds(self, now: float) -> float:
     """Seconds generating so far, the stretch in progress at ``now`` included (a stream
@@ -241,8 +246,7 @@ class Generator:
     if self._first:  # agreed before the stream started
       self._first = False
     elif block:
-      t0 = time.time()
-      self._set_busy(False, t0)
+      t0 = self._set_busy(False)
       if self._wait_for_round(t0) is None:
         raise _Stopped
       with self.cond:
