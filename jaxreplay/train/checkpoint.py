@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -26,66 +26,40 @@ from jaxreplay.replay.auto import AutoReplaySpec
 
 
 FAULT_ENV = "JAXREPLAY_FAULT"
-# Longest an armed fault point waits for the state its kill must land in.
-FAULT_WAIT_S = 120.0
 
 
-def fault_point(name: str, step: int | None = None, detail: str = "", *,
-                wait_for: Callable[[], str | None] | None = None,
-                timeout_s: float = FAULT_WAIT_S) -> None:
+def fault_point(name: str, step: int | None = None, detail: str = "") -> None:
   """Test-only fault injection: SIGKILLs this process at a named point.
 
   Kills when the environment variable ``JAXREPLAY_FAULT`` equals ``name`` or
   ``name:step`` (e.g. ``kill_during_save:3``); otherwise returns at once, having read one
   environment variable. Points: ``kill_during_save`` (an async checkpoint save in flight:
-  its temporary directory exists, the step's directory not yet) and
-  ``kill_during_cache_write`` (base-policy parameters saved, ``info.json`` not yet).
+  every file written into its temporary directory, not yet renamed to the step's; raised
+  on Orbax's background thread, see ``make_manager``) and ``kill_during_cache_write``
+  (base-policy parameters saved, ``info.json`` not yet).
 
   Args:
     name: the point. step: the learner step, if the point has one.
     detail: text written to stderr just before the kill (what was in flight).
-    wait_for: called only when the point is armed, every 10 ms, until it returns a string:
-      another thread has brought about the state the kill must land in, and the string
-      (what that state is) replaces ``detail``. None: kill at once.
-    timeout_s: longest wait for ``wait_for``.
-
-  Raises:
-    TimeoutError: armed, and ``wait_for`` returned None for ``timeout_s`` seconds (the
-      kill would not land where the test wants it; nothing is killed).
   """
   want = os.environ.get(FAULT_ENV)
   if not want or want not in (name, f"{name}:{step}"):
     return
-  if wait_for is not None:
-    deadline = time.monotonic() + timeout_s
-    while (detail := wait_for()) is None:
-      if time.monotonic() > deadline:
-        raise TimeoutError(f"jaxreplay fault {want}: its state not reached in {timeout_s:.0f} s")
-      time.sleep(0.01)
   sys.stderr.write(f"jaxreplay fault {want}: SIGKILL {detail}\n")
   sys.stderr.flush()
   os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _save_in_flight(directory: epath.Path, step: int) -> str | None:
-  """Whether the async save of ``step`` into a manager's ``directory`` is under way or over.
+class _KillBeforeCommit(ocp.path.atomicity.AtomicRenameTemporaryPath):
+  """Orbax's atomic-rename temporary path with the ``kill_during_save`` fault point at its
+  commit. The kill runs inside the save, so it lands while the save is in flight however
+  slowly the main thread is scheduled; a test never races the background thread."""
 
-  Orbax's background thread creates ``STEP.orbax-checkpoint-tmp`` (the installed version
-  may append ``-TIMESTAMP``), writes into it, then renames it to ``STEP``.
-
-  Returns:
-    ``"(save in flight: NAME existed)"`` while the temporary directory exists,
-    ``"(save already finished: STEP existed)"`` once the step's directory does, None
-    before either (the background thread has not created the temporary directory yet).
-  """
-  names = [p.name for p in directory.iterdir()]
-  prefix = f"{step}{ocp.utils.TMP_DIR_SUFFIX}"
-  tmp = [n for n in names if n == prefix or n.startswith(prefix + "-")]
-  if tmp:
-    return f"(save in flight: {tmp[0]} existed)"
-  if str(step) in names:
-    return f"(save already finished: {step} existed)"
-  return None
+  async def finalize(self):
+    final = self.get_final().name
+    if final.isdigit():  # the step's directory (items inside it have names)
+      fault_point("kill_during_save", int(final), f"(save in flight: {self.get().name} existed)")
+    await super().finalize()
 
 
 def run_path(path: str | os.PathLike) -> epath.Path:
@@ -130,11 +104,13 @@ def make_manager(directory: str | os.PathLike, max_to_keep: int) -> ocp.Checkpoi
   multi-process job every process creates the manager on the same directory; Orbax
   coordinates the writes.
   """
+  fault = os.environ.get(FAULT_ENV, "").startswith("kill_during_save")
   return ocp.CheckpointManager(
       run_path(directory),
-      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
-                                           enable_async_checkpointing=True,
-                                           cleanup_tmp_directories=True))
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=max_to_keep, enable_async_checkpointing=True,
+          cleanup_tmp_directories=True,
+          **({"temporary_path_class": _KillBeforeCommit} if fault else {})))
 
 
 BEST_METRIC = "acc_sampled"  # held-out accuracy of sampled completions (eval/acc_sampled)
@@ -216,10 +192,6 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> N
                                                     meta=ocp.args.JsonSave(meta))):
     raise RuntimeError(f"checkpoint at step {step} not written: {manager.directory} already "
                        f"holds step {manager.latest_step()}")
-  # Orbax creates the temporary directory on its background thread: the kill waits for it,
-  # so that it lands while the save is in flight, whatever the machine's load.
-  fault_point("kill_during_save", step,
-              wait_for=lambda: _save_in_flight(manager.directory, step))
 
 
 class CheckpointReadError(RuntimeError):
