@@ -436,14 +436,15 @@ def test_generator_busy_seconds_never_decrease_across_a_transition_during_a_read
   once read 2.5457 s and then 2.5424 s when the stamp was taken before the lock)."""
   import threading
   import time
-  gen = types.SimpleNamespace(cond=threading.Condition(), busy_s=0.0,
-                              _busy_since=time.time() - 1.0, _clock=split.BusyClock(time.time()))
+  now = time.monotonic()
+  gen = types.SimpleNamespace(cond=threading.Condition(), busy_s=0.0, _busy_since=now - 1.0,
+                              _clock=split.BusyClock(now))
   with gen.cond:
     t = threading.Thread(target=split.Generator._set_busy, args=(gen, False))
     t.start()
     time.sleep(0.05)  # the thread is now blocked on ``cond``, after the old code's stamp
-    first = split.Generator.busy_seconds(gen, time.time())
+    first = split.Generator.busy_seconds(gen, time.monotonic())
   t.join()
   with gen.cond:
-    second = split.Generator.busy_seconds(gen, time.time())
+    second = split.Generator.busy_seconds(gen, time.monotonic())
   assert gen._busy_since is None and 1.05 <= first <= second, (first, second)

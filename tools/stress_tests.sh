@@ -27,6 +27,7 @@ fi
 #   test_train_modes.py  async: generator thread, rate limiter, failures on either side, a stall
 #   test_train_loop.py   the async generator blocked by the limiter; a hanging scorer thread
 #   test_math_reward.py  scoring worker processes killed, hanging, timed out, replaced
+#   test_controller_mu.py the controller's decisions on a machine made slow (and its timers)
 tests=(
   tests/test_crash_kill.py
   tests/test_split.py
@@ -34,8 +35,9 @@ tests=(
   tests/test_train_modes.py
   tests/test_train_loop.py
   tests/test_math_reward.py
+  tests/test_controller_mu.py
 )
-keywords="test_crash_kill or test_split or test_multiprocess or async or hanging or worker or timeout"
+keywords="test_crash_kill or test_split or test_multiprocess or async or hanging or worker or timeout or loaded_machine"
 
 busy=()
 stop_busy() {

@@ -90,7 +90,7 @@ class AsyncGenerator:
     chunk = 0
     try:
       while True:
-        t0 = time.time()
+        t0 = time.monotonic()
         with self.cond:
           while not self._stop and not rate_lib.can_insert(
               self.limiter, self.limiter_state, self._r, int(self.buffer.size)):
@@ -103,7 +103,7 @@ class AsyncGenerator:
             return
           params, ref, version = self._weights
           position = self.position
-        t1 = time.time()
+        t1 = time.monotonic()
         rollout, produced = self._produce(params, ref, version, position,
                                           jax.random.fold_in(self._key, chunk))
         with self.cond:
@@ -115,7 +115,7 @@ class AsyncGenerator:
               evicted_unused_rollouts=int(lost[0]), evicted_unused_tokens=int(lost[1]))
           self.position = produced.position
           self.wait_s += t1 - t0
-          self.busy_s += time.time() - t1
+          self.busy_s += time.monotonic() - t1
           self.cond.notify_all()
         chunk += 1
     except BaseException as e:  # noqa: BLE001 - handed to the learner thread
@@ -136,12 +136,12 @@ class AsyncGenerator:
       RuntimeError: the generator failed. NoBatchError: no sample was allowed for
         ``timeout_s``.
     """
-    t0 = time.time()
+    t0 = time.monotonic()
     while not (rate_lib.can_sample(self.limiter, self.limiter_state, self._b,
                                    int(self.buffer.size))
                and (self._ready is None or self._ready(self.buffer, self.learner_step))):
       self._check()
-      if time.time() - t0 > self._timeout:
+      if time.monotonic() - t0 > self._timeout:
         ready = self._ready is None or self._ready(self.buffer, self.learner_step)
         raise NoBatchError(f"async mode: no batch became available in {self._timeout:.0f} s "
                            f"(inserted={int(self.limiter_state.inserted)}, "
@@ -152,7 +152,7 @@ class AsyncGenerator:
                               "buffer.max_times_sampled and buffer.sampler") + ")")
       self.cond.wait(0.5)
     self._check()
-    return time.time() - t0
+    return time.monotonic() - t0
 
   def publish(self, params, version: int):
     """Hands the generator a copy of the learner's weights (call with the lock held); the
@@ -216,7 +216,7 @@ def train_async(run, carry: Carry) -> Carry:
     for step in bar:
       with gen.cond:
         waited = gen.wait_for_sample()
-        t1 = time.time()
+        t1 = time.monotonic()
 
         # --- SAMPLE + UPDATE ---------------------------------------------------------------
         trained = samples.peek_trained(run, carry.state.params, gen.buffer,
@@ -231,7 +231,7 @@ def train_async(run, carry: Carry) -> Carry:
           gen.publish(state.params, step + 1)
         t = carry.timers
         timers = t.replace(learner_wait_s=t.learner_wait_s + waited,
-                           train_s=t.train_s + time.time() - t1,
+                           train_s=t.train_s + time.monotonic() - t1,
                            generate_s=gen_s0 + gen.busy_s, generator_wait_s=wait_s0 + gen.wait_s)
 
         # --- RECORD (what the generator inserted since the last step, then this step) ----

@@ -72,7 +72,7 @@ class BusyClock:
     self.both_s = 0.0
 
   def _advance(self, now: float | None):
-    now = max(time.time() if now is None else now, self._t)
+    now = max(time.monotonic() if now is None else now, self._t)
     dt = now - self._t
     for k, b in self._busy.items():
       self.busy_s[k] += dt if b else 0.0
@@ -181,7 +181,7 @@ class Generator:
   def _rounds(self):
     try:
       # --- WAIT for the rate limiter before the first round (every process must agree) --
-      t0 = time.time()
+      t0 = time.monotonic()
       version = self._wait_for_round(t0)
       if version is None:
         return
@@ -221,13 +221,14 @@ class Generator:
 
   def _set_busy(self, busy: bool) -> float:
     """The generator busy (generating) or not from now on, on the clock and in ``busy_s``.
-    Returns that time (``time.time()`` seconds).
+    Returns that time (``time.monotonic()`` seconds: every duration and deadline here is
+    on the monotonic clock, which a system clock step cannot move backwards).
 
     The time is read holding ``cond``: the learner reads ``busy_seconds`` under the same lock,
     so a transition can never be stamped before a reading it follows, and the generator's
     seconds read by successive records never decrease."""
     with self.cond:
-      now = time.time()
+      now = time.monotonic()
       if self._busy_since is not None:
         self.busy_s += now - self._busy_since
       self._busy_since = now if busy else None
@@ -329,15 +330,15 @@ def _fill(run, gen: Generator, carry: Carry, deadline: float) -> tuple[Carry, li
     if (rate_lib.can_sample(run.limiter, limiter, b, size)
         and run.fns.ready(buffer, carry.step)):
       return carry, pending, waited
-    if time.time() > deadline:
+    if time.monotonic() > deadline:
       raise NoBatchError(
           f"actor–learner split: no batch became available in {run.train.async_timeout_s:.0f} s "
           f"(inserted={_int(limiter.inserted)}, sampled={_int(limiter.sampled)}, buffer size="
           f"{size}; check buffer.max_staleness, buffer.max_times_sampled, buffer.sampler)")
-    t0 = time.time()
+    t0 = time.monotonic()
     with gen.cond:
       gen.cond.wait(POLL_S)
-    waited += time.time() - t0
+    waited += time.monotonic() - t0
 
 
 def train_split(run, carry: Carry) -> Carry:
@@ -363,7 +364,7 @@ def train_split(run, carry: Carry) -> Carry:
   """
   train, b = run.train, run.train.batch_size
   bar = progress.steps_bar(carry.step, train.steps, enabled=run.progress)
-  t_start = time.time()
+  t_start = time.monotonic()
   clock = BusyClock(t_start)
   t0 = carry.timers
   gen = Generator(run=run, params=run.weight_sync(carry.state.params), version=carry.step,
@@ -374,7 +375,7 @@ def train_split(run, carry: Carry) -> Carry:
   try:
     for step in bar:
       # --- INSERT what the generator finished; WAIT until a batch may be drawn ------------
-      carry, pending, waited = _fill(run, gen, carry, time.time() + train.async_timeout_s)
+      carry, pending, waited = _fill(run, gen, carry, time.monotonic() + train.async_timeout_s)
       learner_wait += waited
       clock.set("learner", True)
 
@@ -382,12 +383,12 @@ def train_split(run, carry: Carry) -> Carry:
       trained = samples.peek_trained(run, carry.state.params, carry.buffer,
                                      jax.random.fold_in(carry.key, step), carry.state.step,
                                      step + 1)
-      t1 = time.time()
+      t1 = time.monotonic()
       state, buffer, metrics = run.fns.learner_step(carry.state, carry.buffer,
                                                     jax.random.fold_in(carry.key, step))
       metrics = jax.device_get(metrics)
       limiter = rate_lib.record_sample(carry.limiter_state, b)
-      train_s = time.time() - t1
+      train_s = time.monotonic() - t1
 
       # --- PUBLISH the weights to the generator mesh ---------------------------------------
       if (step + 1) % train.weight_sync_every == 0:
@@ -395,7 +396,7 @@ def train_split(run, carry: Carry) -> Carry:
       with gen.cond:
         gen.seen = (_int(limiter.inserted), _int(limiter.sampled), _int(buffer.size))
         gen.cond.notify_all()
-        gen_busy, gen_wait, swaps = gen.busy_seconds(time.time()), gen.wait_s, gen.swaps
+        gen_busy, gen_wait, swaps = gen.busy_seconds(time.monotonic()), gen.wait_s, gen.swaps
 
       # --- STOP the generator before the last record, so the final checkpoint counts what it
       # had queued or in flight (a resumed run regenerates those prompts) -------------------
