@@ -22,6 +22,9 @@ price in precision) and the step times. Model and batch: ``bench/flat_rows.py``'
 randomly initialised decoder at SmolLM2-135M's shapes; 4 × 192 tokens, 132 completion),
 with the model's own float32 log-probs as the behaviour's, so that no token is clipped.
 Each variant: one call to compile, then ``--rounds`` × ``--steps`` timed calls, alternating.
+It also prints the rate of the weight gradient's dot (xᵀ g at the MLP gate's shape, bfloat16
+into float32) written two ways: contracting both operands' token axis, and through
+``_rows_transposed``.
 
 Usage: python bench/amx_dots.py [--batch 4 --seq 192 --prompt 60 --steps 3 --rounds 2]
 Ends with ``amx_dots: f32_step_s=F bf16_dots_step_s=F bf16_dots_head_step_s=F speedup=F
